@@ -1,0 +1,43 @@
+"""`hicache bench keys`: page-key throughput against SGLang's own get_hash_str."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hicache_ops.errors import InputError
+
+from ..options import JsonOption
+from ..output import emit, reporting, stdout
+
+
+def _render(data: dict) -> None:
+    stdout.print(
+        f"{data['tokens']:,} tokens, page size {data['page_size']}, best of {data['repeats']} "
+        f"(native loop: {'yes' if data['native'] else 'no'})",
+        highlight=False,
+    )
+    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
+    if data["sglang_tokens_per_s"] is None:
+        stdout.print(f"  sglang       not measured: {data['sglang_error']}", highlight=False)
+        return
+    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
+    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)", highlight=False)
+    stdout.print(f"  same keys    {data['same_keys']}", highlight=False)
+
+
+def keys(
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to hash per run.")] = 4_194_304,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 64,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs per side; the best counts.")] = 5,
+    json_output: JsonOption = False,
+) -> None:
+    """Page-key throughput, ours beside SGLang's get_hash_str, in one run."""
+    with reporting(json_output):
+        if tokens < page_size or page_size <= 0 or repeats <= 0:
+            raise InputError("--tokens must hold at least one page, and --page-size and --repeats must be > 0.")
+        from hicache_ops.bench_keys import bench_page_keys
+
+        result = bench_page_keys(tokens=tokens, page_size=page_size, repeats=repeats)
+        emit(result.to_json(), json_output, _render)

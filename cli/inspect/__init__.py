@@ -1,0 +1,8 @@
+"""`hicache inspect`: keys, layouts and (later) the store, each verb in its own module."""
+
+import typer
+
+from . import keys
+
+app = typer.Typer(help="Look at page keys, object keys and host-pool layouts.", no_args_is_help=True)
+app.command("keys")(keys.keys)

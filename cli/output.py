@@ -1,0 +1,62 @@
+"""One way to print: data on stdout (a Rich rendering or JSON), diagnostics and errors on stderr.
+
+In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} so a
+script reading stdout always gets JSON; the exit code says which kind of failure it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from hicache_ops.errors import HicacheError
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+DEBUG_ENV = "HICACHE_DEBUG"
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
+    """Print `data` as JSON, or hand it to `render` for people."""
+    if json_output:
+        print_json(data)
+    else:
+        render(data)
+
+
+def error_payload(err: HicacheError) -> dict:
+    return {"error": {"code": err.code, "message": err.message, "hint": err.hint}}
+
+
+def print_error(err: HicacheError, json_output: bool) -> None:
+    if json_output:
+        print_json(error_payload(err))
+        return
+    stderr.print(f"[bold red]error:[/] {err.message}", highlight=False)
+    if err.hint:
+        stderr.print(f"[dim]hint:[/] {err.hint}", highlight=False)
+
+
+@contextmanager
+def reporting(json_output: bool) -> Iterator[None]:
+    """Turn the library's known errors into one clear message and their exit code."""
+    try:
+        yield
+    except HicacheError as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print_error(err, json_output)
+        raise typer.Exit(err.exit_code) from None

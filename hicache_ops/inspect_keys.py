@@ -1,0 +1,161 @@
+"""`hicache inspect keys`: the page keys and Mooncake object keys SGLang derives for a prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import InputError
+from .keys import ObjectKeyScheme, namespace_seed, normalise_namespace, page_keys
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What decides object names: version, prefix parts and the rank topology.
+
+    `tp_rank` / `pp_rank` None means every rank of the deployment.
+    """
+
+    version: str
+    model_name: str | None = None
+    extra_backend_tag: str | None = None
+    tp_size: int = 1
+    tp_rank: int | None = None
+    pp_size: int = 1
+    pp_rank: int | None = None
+    mla: bool = False
+    layout: str = "page_first"
+    tp_lcm_size: int | None = None
+
+    def schemes(self) -> list[ObjectKeyScheme]:
+        """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
+        tp_ranks = range(self.tp_size) if self.tp_rank is None else [self.tp_rank]
+        pp_ranks = range(self.pp_size) if self.pp_rank is None else [self.pp_rank]
+        out = []
+        for pp in pp_ranks:
+            for tp in tp_ranks:
+                scheme = ObjectKeyScheme(
+                    version=self.version,
+                    model_name=self.model_name,
+                    extra_backend_tag=self.extra_backend_tag,
+                    tp_rank=tp,
+                    tp_size=self.tp_size,
+                    pp_rank=pp,
+                    pp_size=self.pp_size,
+                    mla=self.mla,
+                    layout=self.layout,
+                    tp_lcm_size=self.tp_lcm_size,
+                )
+                if scheme.writes:
+                    out.append(scheme)
+        if not out:
+            raise InputError(
+                f"under MLA only tp rank 0 writes to L3; tp-rank {self.tp_rank} writes nothing.",
+                hint="Drop --tp-rank or pass --tp-rank 0.",
+            )
+        return out
+
+
+@dataclass
+class PageRow:
+    index: int
+    start: int
+    end: int
+    page_key: str
+    object_keys: list[str]
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index,
+            "start": self.start,
+            "end": self.end,
+            "page_key": self.page_key,
+            "object_keys": self.object_keys,
+        }
+
+
+@dataclass
+class KeyReport:
+    sglang_version: str
+    page_size: int
+    extra_key: str | None
+    cache_salt: str | None
+    namespace_seed: str | None
+    key_prefix: str
+    prompt_tokens: int
+    trailing_tokens: int
+    ranks: list[dict]
+    pages: list[PageRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def object_keys(self) -> list[str]:
+        return [key for page in self.pages for key in page.object_keys]
+
+    def to_json(self) -> dict:
+        return {
+            "sglang_version": self.sglang_version,
+            "page_size": self.page_size,
+            "extra_key": self.extra_key,
+            "cache_salt": self.cache_salt,
+            "namespace_seed": self.namespace_seed,
+            "key_prefix": self.key_prefix,
+            "prompt_tokens": self.prompt_tokens,
+            "trailing_tokens": self.trailing_tokens,
+            "ranks": self.ranks,
+            "pages": [page.to_json() for page in self.pages],
+            "notes": self.notes,
+        }
+
+
+def expected_keys(
+    tokens: Sequence[int],
+    page_size: int,
+    deployment: Deployment,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+) -> KeyReport:
+    """Every page key and object key SGLang's storage path derives for `tokens`."""
+    version = deployment.version
+    if len(tokens) == 0:
+        raise InputError("the prompt is empty; give at least one page of token ids.")
+    keys = page_keys(tokens, page_size, version, extra_key=extra_key, cache_salt=cache_salt)
+    schemes = deployment.schemes()
+    extra_key_n, cache_salt_n = normalise_namespace(version, extra_key, cache_salt)
+    report = KeyReport(
+        sglang_version=version,
+        page_size=page_size,
+        extra_key=extra_key_n,
+        cache_salt=cache_salt_n,
+        namespace_seed=namespace_seed(version, extra_key, cache_salt),
+        key_prefix=schemes[0].prefix,
+        prompt_tokens=len(tokens),
+        trailing_tokens=len(tokens) % page_size,
+        ranks=[{"tp_rank": s.tp_rank, "pp_rank": s.pp_rank, "suffixes": s.suffixes} for s in schemes],
+    )
+    for index, key in enumerate(keys):
+        objects: list[str] = []
+        for scheme in schemes:
+            objects.extend(k for k in scheme.object_keys(key) if k not in objects)
+        report.pages.append(
+            PageRow(index, index * page_size, (index + 1) * page_size, key, objects)
+        )
+    if not keys:
+        report.notes.append(
+            f"the prompt has {len(tokens)} tokens, less than one page of {page_size}: "
+            "the storage path writes no page for it."
+        )
+    elif report.trailing_tokens:
+        report.notes.append(
+            f"the last {report.trailing_tokens} tokens fill no whole page: "
+            "the storage path drops them (the radix tree still hashes them)."
+        )
+    if version == "0.5.14" and (extra_key is not None or cache_salt is not None):
+        report.notes.append(
+            "SGLang 0.5.14 ignores extra_key and cache_salt in page keys: tenants with the same "
+            "tokens share these keys; 0.5.23 seeds the chain with them."
+        )
+    if deployment.mla and deployment.tp_size > 1:
+        report.notes.append("MLA: only tp rank 0 writes to L3; the other ranks read its objects.")
+    return report
