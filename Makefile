@@ -1,4 +1,6 @@
 # From a fresh clone: `make test` installs everything (Debian and Python packages) and runs the tests.
+# pytest runs as .venv/bin/pytest, not `python -m pytest`: the latter puts the checkout on sys.path,
+# where the top-level kernels/ folder would shadow the PyPI package `kernels` that SGLang imports.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml setup.py | system-deps
 install: system-deps $(STAMP)
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Page-key throughput against SGLang's own get_hash_str, measured side by side.
 bench-keys: install
