@@ -1,0 +1,117 @@
+"""What the tiered cache asks of the bytes and of L3, and the accounting-only implementations.
+
+The cache (cache.py) decides; a `DataPlane` moves KV between the device and host pools of every
+rank, and an `L3Tier` answers storage queries and moves pages between host pages and the store.
+The accounting implementations here move nothing, so the same tree, eviction and policy code runs
+at benchmark scale; bytes.py holds the real-bytes implementations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..keys import ObjectKeyScheme
+from .policy import STORAGE_BATCH_PAGES
+
+
+class DataPlane(Protocol):
+    def compute(self, device_pages: list[int], storage_keys: list[str]) -> None:
+        """Write the reference KV of each page into the device pool (the prefill)."""
+
+    def backup(self, device_pages: list[int], host_pages: list[int]) -> int:
+        """Copy device pages to host pages; return the bytes moved (all ranks)."""
+
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, int]:
+        """Copy host pages to device pages, verify them; return (bytes moved, mismatched pages)."""
+
+
+@dataclass
+class ReadOutcome:
+    """Per page: whether every object arrived, the seconds since the read began when it
+    completed, and whether its bytes verified; plus the bytes moved."""
+
+    ok: list[bool] = field(default_factory=list)
+    done_at: list[float] = field(default_factory=list)
+    verified: list[bool] = field(default_factory=list)
+    nbytes: int = 0
+
+
+@dataclass
+class WriteOutcome:
+    written: int = 0  # objects put
+    skipped: int = 0  # objects already present (batch_is_exist said so)
+    failed: list[str] = field(default_factory=list)  # object keys whose put failed
+    nbytes: int = 0
+
+
+class L3Tier(Protocol):
+    schemes: list[ObjectKeyScheme]
+
+    def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
+        """Per rank, the leading pages whose objects all exist (SGLang's batch_exists)."""
+
+    def write(self, storage_keys: list[str], host_pages: list[int]) -> tuple[list[bool], WriteOutcome]:
+        """Back pages up to L3; per page whether every rank's objects are now there."""
+
+    def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
+        """Read pages from L3 into host pages (every rank), verifying each page's bytes."""
+
+
+class AccountingPlane:
+    """Moves no bytes; reports the bytes a real plane would move."""
+
+    def __init__(self, bytes_per_page: int):
+        self.bytes_per_page = bytes_per_page
+
+    def compute(self, device_pages, storage_keys) -> None:
+        return None
+
+    def backup(self, device_pages, host_pages) -> int:
+        return len(device_pages) * self.bytes_per_page
+
+    def load(self, host_pages, device_pages, storage_keys) -> tuple[int, int]:
+        return len(device_pages) * self.bytes_per_page, 0
+
+
+class MemoryL3:
+    """An unbounded in-process L3 that records object keys only (accounting mode)."""
+
+    def __init__(self, schemes: list[ObjectKeyScheme], bytes_per_page: int):
+        self.schemes = schemes
+        self.bytes_per_page = bytes_per_page
+        self.objects: set[str] = set()
+
+    def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
+        hits = []
+        for scheme in self.schemes:
+            count = 0
+            for start in range(0, len(storage_keys), STORAGE_BATCH_PAGES):
+                batch = storage_keys[start : start + STORAGE_BATCH_PAGES]
+                n = 0
+                for key in batch:
+                    if not all(obj in self.objects for obj in scheme.object_keys(key)):
+                        break
+                    n += 1
+                count += n
+                if n < len(batch):
+                    break
+            hits.append(count)
+        return hits
+
+    def write(self, storage_keys, host_pages) -> tuple[list[bool], WriteOutcome]:
+        outcome = WriteOutcome()
+        for scheme in self.schemes:
+            for key in storage_keys:
+                for obj in scheme.object_keys(key):
+                    if obj in self.objects:
+                        outcome.skipped += 1
+                    else:
+                        self.objects.add(obj)
+                        outcome.written += 1
+        outcome.nbytes = len(storage_keys) * self.bytes_per_page
+        return [True] * len(storage_keys), outcome
+
+    def read(self, storage_keys, host_pages) -> ReadOutcome:
+        n = len(storage_keys)
+        return ReadOutcome(ok=[True] * n, done_at=[0.0] * n, verified=[True] * n, nbytes=n * self.bytes_per_page)
