@@ -89,10 +89,12 @@ class PageTree:
         return out
 
     def touch(self, nodes: list[PageNode]) -> None:
-        now = next(self._clock)
-        for node in nodes:
-            node.last_access = now
+        """Stamp a matched path, newest at the leaf: a cold history then drains from its tail."""
+        base = next(self._clock)
+        for i, node in enumerate(nodes):
+            node.last_access = base + i
             self._offer(node)
+        self._clock = itertools.count(base + len(nodes) + 1)
 
     # -- insertion ------------------------------------------------------------------------------
 
