@@ -77,9 +77,11 @@ class AccountingPlane:
 class MemoryL3:
     """An unbounded in-process L3 that records object keys only (accounting mode)."""
 
-    def __init__(self, schemes: list[ObjectKeyScheme], bytes_per_page: int):
+    def __init__(self, schemes: list[ObjectKeyScheme], bytes_per_page: int, read_latency_s: float = 0.0):
         self.schemes = schemes
         self.bytes_per_page = bytes_per_page
+        # Simulated seconds per page read (virtual time, nothing sleeps): shows the stop policies.
+        self.read_latency_s = read_latency_s
         self.objects: set[str] = set()
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
@@ -114,4 +116,5 @@ class MemoryL3:
 
     def read(self, storage_keys, host_pages) -> ReadOutcome:
         n = len(storage_keys)
-        return ReadOutcome(ok=[True] * n, done_at=[0.0] * n, verified=[True] * n, nbytes=n * self.bytes_per_page)
+        done_at = [(i + 1) * self.read_latency_s for i in range(n)]
+        return ReadOutcome(ok=[True] * n, done_at=done_at, verified=[True] * n, nbytes=n * self.bytes_per_page)

@@ -1,0 +1,165 @@
+"""The tiered cache's decisions (FACTS §4), in accounting mode: same code as the real-bytes mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hicache_ops.engine.cache import CacheConfig, CapacityError, TieredCache
+from hicache_ops.engine.planes import AccountingPlane, MemoryL3
+from hicache_ops.engine.policy import TimeoutBudget
+from hicache_ops.errors import InputError
+from hicache_ops.keys import ObjectKeyScheme
+
+PS = 4
+
+
+def make(l3=True, tp=1, latency=0.0, **kw) -> TieredCache:
+    cfg = CacheConfig(**{"page_size": PS, "device_pages": 8, "host_pages": 17, "prefetch_threshold": 8, **kw})
+    schemes = [ObjectKeyScheme(cfg.sglang_version, tp_rank=r, tp_size=tp) for r in range(tp)]
+    return TieredCache(cfg, AccountingPlane(64), MemoryL3(schemes, 64, latency) if l3 else None)
+
+
+def prompt(seed: int, n: int) -> np.ndarray:
+    return np.arange(seed * 10_000, seed * 10_000 + n)
+
+
+def breakdown(r):
+    assert r.device_hit + r.host_hit + r.storage_hit + r.computed == r.prompt_tokens
+    return (r.device_hit, r.host_hit, r.storage_hit, r.computed)
+
+
+def test_breakdown_adds_up_and_device_hit_on_repeat():
+    cache = make()
+    assert breakdown(cache.prefill(prompt(1, 18))) == (0, 0, 0, 18)
+    assert breakdown(cache.prefill(prompt(1, 18))) == (16, 0, 0, 2)  # trailing 2 tokens never cached
+
+
+def test_write_through_backs_up_on_first_use():
+    cache = make(write_policy="write_through")
+    r = cache.prefill(prompt(1, 16))
+    assert r.backed_up_pages == 4 and r.stored_pages == 4
+    assert len(cache.l3.objects) == 8  # _k and _v per page
+
+
+def test_write_through_selective_backs_up_on_second_hit():
+    cache = make(write_policy="write_through_selective")
+    assert cache.prefill(prompt(1, 16)).backed_up_pages == 0
+    assert cache.prefill(prompt(1, 16)).backed_up_pages == 4
+
+
+def test_write_back_backs_up_only_at_eviction():
+    cache = make(write_policy="write_back")
+    cache.prefill(prompt(1, 32))  # 8 pages: the whole device pool
+    assert cache.stats.bytes_d2h == 0 and not cache.l3.objects
+    cache.prefill(prompt(2, 16))  # evicts 4 pages of prompt 1, which are backed up first
+    assert cache.stats.write_back_backups == 4
+    assert len(cache.l3.objects) == 8
+    # The evicted tail comes back from host.
+    assert breakdown(cache.prefill(prompt(1, 32))) == (16, 16, 0, 0)
+
+
+def test_write_through_eviction_keeps_host_copy():
+    cache = make(write_policy="write_through", l3=False)
+    cache.prefill(prompt(1, 32))
+    cache.prefill(prompt(2, 32))  # evicts all of prompt 1 from the device
+    assert breakdown(cache.prefill(prompt(1, 32))) == (0, 32, 0, 0)
+
+
+def test_load_back_threshold_recomputes_short_host_hits():
+    cache = make(write_policy="write_through", l3=False, device_pages=2, host_pages=9)
+    cache.prefill(prompt(1, 8))  # 2 pages = 8 tokens, backed up
+    cache.prefill(prompt(2, 8))  # evicts them from the device
+    r = cache.prefill(prompt(1, 8))
+    assert breakdown(r) == (0, 0, 0, 8)  # 8 < load_back_threshold 10: recomputed, not loaded
+
+
+def test_prefetch_from_l3_after_flush_and_threshold():
+    cache = make(prefetch_threshold=12)
+    cache.prefill(prompt(1, 16))
+    cache.flush()
+    r = cache.prefill(prompt(1, 16))
+    assert breakdown(r) == (0, 0, 16, 0) and r.prefetch.issued
+    cache.flush()
+    r = cache.prefill(prompt(1, 8))  # 8 < 12: no prefetch
+    assert breakdown(r) == (0, 0, 0, 8) and "below the prefetch threshold" in r.prefetch.reason
+
+
+def test_prefetch_revoked_when_one_rank_misses():
+    cache = make(tp=2)
+    cache.prefill(prompt(1, 16))
+    cache.flush()
+    # Rank 1 lost every `_v` object: its contiguous hit is 0, the minimum over ranks.
+    cache.l3.objects = {o for o in cache.l3.objects if not o.endswith("_1_v")}
+    r = cache.prefill(prompt(1, 16))
+    assert r.prefetch.rank_hits == [4, 0] and not r.prefetch.issued
+    assert breakdown(r) == (0, 0, 0, 16)
+
+
+def test_second_instance_shares_l3():
+    a = make()
+    b = TieredCache(a.config, AccountingPlane(64), a.l3)
+    a.prefill(prompt(1, 16))
+    assert breakdown(b.prefill(prompt(1, 16))) == (0, 0, 16, 0)
+
+
+@pytest.mark.parametrize(
+    "policy, version, expected_pages",
+    [
+        ("wait_complete", "0.5.23", 16),
+        ("best_effort", "0.5.23", 5),  # admission at 0.05 s, one page per 0.01 s
+        ("timeout", "0.5.23", 16),  # budget 1.0 + 0.25*64/1024 s covers 0.16 s
+    ],
+)
+def test_stop_policies(policy, version, expected_pages):
+    cache = make(latency=0.01, stop_policy=policy, sglang_version=version, device_pages=16, host_pages=33)
+    cache.prefill(prompt(1, 64))
+    cache.flush()
+    r = cache.prefill(prompt(1, 64))
+    assert r.prefetch.completed_pages == expected_pages
+    assert r.storage_hit == expected_pages * PS
+
+
+def test_timeout_budget_cuts_a_slow_prefetch():
+    cache = make(latency=0.5, stop_policy="timeout", device_pages=16, host_pages=33)
+    cache.prefill(prompt(1, 64))
+    cache.flush()
+    r = cache.prefill(prompt(1, 64))
+    # Budget 1.0 + 0.25 * 64/1024 = 1.015625 s: two pages (0.5 s, 1.0 s) arrive in time.
+    assert r.prefetch.budget_s == pytest.approx(1.015625)
+    assert r.prefetch.completed_pages == 2 and r.prefetch.timeout_would_cut
+
+
+def test_timeout_budgets_per_version():
+    assert TimeoutBudget().seconds(1024, "0.5.14") == pytest.approx(2.1)
+    assert TimeoutBudget().seconds(10 * 2**20, "0.5.14") == pytest.approx(30.0)
+    assert TimeoutBudget().seconds(1024, "0.5.23") == pytest.approx(1.25)
+    assert TimeoutBudget().seconds(10 * 2**20, "0.5.23") == pytest.approx(1.0 + 0.25 * 10 * 1024)
+    assert TimeoutBudget(base=0.5, per_ki_token=0.0, maximum=0.2).seconds(4096, "0.5.23") == pytest.approx(0.2)
+
+
+def test_namespaces_do_not_share_tree_nodes_but_0_5_14_shares_l3_keys():
+    cache = make(sglang_version="0.5.14")
+    cache.prefill(prompt(1, 16), extra_key="tenantA")
+    assert breakdown(cache.prefill(prompt(1, 16), extra_key="tenantB")) == (0, 0, 16, 0)
+    cache23 = make(sglang_version="0.5.23")
+    cache23.prefill(prompt(1, 16), extra_key="tenantA")
+    assert breakdown(cache23.prefill(prompt(1, 16), extra_key="tenantB")) == (0, 0, 0, 16)
+
+
+def test_bad_requests():
+    cache = make()
+    with pytest.raises(InputError, match="empty"):
+        cache.prefill([])
+    with pytest.raises(CapacityError, match="device pool holds 8"):
+        cache.prefill(prompt(1, 40))
+    with pytest.raises(InputError, match="write policy"):
+        CacheConfig(write_policy="write_sometimes")
+
+
+def test_lru_eviction_drains_cold_history_from_its_tail():
+    cache = make(write_policy="write_through", l3=False, device_pages=8, host_pages=17)
+    cache.prefill(prompt(1, 16))
+    cache.prefill(prompt(2, 16))
+    cache.prefill(prompt(3, 8))  # needs 2 pages: prompt 1's last two pages leave the device
+    assert breakdown(cache.prefill(prompt(1, 16))) == (8, 8, 0, 0)
