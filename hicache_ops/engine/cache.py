@@ -405,6 +405,24 @@ class TieredCache:
 
     def _prefetch(self, anchor, tree_keys, storage_keys, pos, result) -> list[PageNode]:
         """L3 -> L2 -> L1 for the unmatched suffix; returns the new (device-resident) nodes."""
+        nodes = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, result)
+        if not nodes:
+            return []
+        for node in nodes:
+            node.host_ref += 1
+        try:
+            before = result.host_hit
+            self._to_device(nodes, result, load=len(nodes) * self.config.page_size >= self.config.load_back_threshold)
+            # Those pages are storage hits, not host hits, in the breakdown.
+            result.storage_hit += result.host_hit - before
+            result.host_hit = before
+        finally:
+            for node in nodes:
+                node.host_ref -= 1
+        return nodes
+
+    def _fetch_to_host(self, anchor, tree_keys, storage_keys, pos, result) -> list[PageNode]:
+        """L3 -> L2: query, apply threshold/revocation/stop policy, read and insert host nodes."""
         cfg, ps = self.config, self.config.page_size
         info = result.prefetch
         n_pages = len(tree_keys)
@@ -437,7 +455,7 @@ class TieredCache:
         info.bytes = outcome.nbytes
         self.stats.bytes_l3_read += outcome.nbytes
         result.bytes_read_from_l3 += outcome.nbytes
-        info.budget_s = pol.TimeoutBudget(**asdict(cfg.timeout_budget)).seconds(hit * ps, cfg.sglang_version)
+        info.budget_s = cfg.timeout_budget.seconds(hit * ps, cfg.sglang_version)
         info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s)
         done = 0
         while done < hit and outcome.ok[done] and outcome.done_at[done] <= info.deadline_s:
@@ -446,38 +464,52 @@ class TieredCache:
         info.timeout_would_cut = info.elapsed_s > max(cfg.admission_s, info.budget_s)
         info.completed_pages = done
         if done < hit:
-            failed = done < hit and not outcome.ok[done]
             info.reason = (
-                f"page {pos + done} could not be read from L3" if failed else
-                f"{cfg.stop_policy} stopped waiting after {info.deadline_s:.3f}s with {done} of {hit} pages"
+                f"page {pos + done} could not be read from L3"
+                if not outcome.ok[done]
+                else f"{cfg.stop_policy} stopped waiting after {info.deadline_s:.3f}s with {done} of {hit} pages"
             )
         for page in host_pages[done:]:
             self.host.give(page)
         info.mismatched_pages = sum(1 for v in outcome.verified[:done] if not v)
         result.mismatched_pages += info.mismatched_pages
-        if done == 0:
-            return []
-
-        parent = anchor
         nodes = []
+        parent = anchor
         for i in range(done):
             node = self.tree.get_or_add(tree_keys[pos + i], storage_keys[pos + i], parent, pos + i)
             self.tree.set_host(node, host_pages[i])
             node.stored = True
-            node.host_ref += 1
             nodes.append(node)
             parent = node
-        try:
-            before = result.host_hit
-            self._to_device(nodes, result, load=done * ps >= cfg.load_back_threshold)
-            # Those pages are storage hits, not host hits, in the breakdown.
-            moved = result.host_hit - before
-            result.host_hit = before
-            result.storage_hit += moved
-        finally:
-            for node in nodes:
-                node.host_ref -= 1
+        self.tree.touch(nodes)
         return nodes
+
+    def prefetch(self, tokens, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
+        """Pull a prompt's pages from L3 into the host pool only (no device load, no compute).
+
+        The result's breakdown counts pages already on device or host as hits, fetched pages as
+        storage hits and the rest as not cached (`computed` stays 0: nothing was prefilled).
+        """
+        cfg, ps = self.config, self.config.page_size
+        arr = as_token_array(tokens, cfg.sglang_version)
+        if arr.size == 0:
+            raise InputError("the prompt is empty; send at least one token.")
+        if self.l3 is None:
+            raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
+        with self.lock:
+            n_pages = arr.size // ps
+            result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
+            tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+            matched = self.tree.match(tree_keys)
+            result.device_hit = sum(ps for n in matched if n.on_device)
+            result.host_hit = sum(ps for n in matched if not n.on_device)
+            t = time.perf_counter()
+            nodes = self._fetch_to_host(matched[-1] if matched else None, tree_keys, storage_keys, len(matched), result)
+            result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3
+            result.storage_hit = len(nodes) * ps
+            self.stats.storage_hit += result.storage_hit
+            self.stats.mismatched_pages += result.mismatched_pages
+            return result
 
     # -- other operations -----------------------------------------------------------------------
 
