@@ -3,6 +3,8 @@
 import typer
 
 from . import keys
+from . import layout
 
 app = typer.Typer(help="Look at page keys, object keys and host-pool layouts.", no_args_is_help=True)
 app.command("keys")(keys.keys)
+app.command("layout")(layout.layout)

@@ -1,0 +1,197 @@
+"""`hicache inspect layout`: the host pool (L2) SGLang builds, and what each page sends to Mooncake."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from hicache_ops.layouts import LayoutReport, inspect_layout, parse_pages, resolve_geometry
+from hicache_ops.versions import default_version, validate_version
+
+from ..options import JsonOption, PageSizeOption, SglangVersionOption
+from ..output import emit, reporting, stderr, stdout
+
+
+def human_bytes(n: int) -> str:
+    """Decimal units, as SGLang's --hicache-size (GB = 1e9 bytes)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1000
+    return f"{n} B"  # pragma: no cover
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _render(report: LayoutReport) -> None:
+    data = report.to_json()
+    pool = report.pool
+    geo = pool.geometry
+    if geo.mla:
+        model = f"MLA, {geo.layers} layers, latent {geo.kv_lora_rank}+{geo.qk_rope_head_dim}"
+    else:
+        model = f"MHA, {geo.layers} layers, {geo.kv_heads} KV heads x {geo.head_dim}"
+    name = f"{geo.name}: " if geo.name else ""
+    stdout.print(
+        f"[bold]{name}{model}, {geo.dtype}[/] (stored as {geo.stored_dtype})  "
+        f"SGLang {pool.sglang_version}  tp-size {pool.tp_size} "
+        + ("(latent rows replicated on every rank)" if geo.mla else f"({pool.heads_per_rank} KV heads per rank)"),
+        highlight=False,
+    )
+    layout_line = f"layout {data['layout']}"
+    if data["effective_layout"] != data["layout"]:
+        layout_line += f" -> [bold]{data['effective_layout']}[/]"
+    io_line = f"io backend {data['requested_io_backend']}"
+    if data["io_backend"] != data["requested_io_backend"]:
+        io_line += f" -> [bold]{data['io_backend']}[/]"
+    l3 = "Mooncake L3" if pool.mooncake else "no Mooncake L3"
+    stdout.print(f"{layout_line}   {io_line}   {l3}", highlight=False)
+    for rewrite in report.resolution.notes:
+        stdout.print(f"  [cyan]SGLang rewrites:[/] {rewrite}", highlight=False)
+
+    sizing = (
+        f"--hicache-size {pool.hicache_size_gb} GB"
+        if pool.hicache_size_gb > 0
+        else f"{pool.device_tokens} device tokens x ratio {pool.hicache_ratio}"
+    )
+    stdout.print(
+        f"host pool: {pool.size} tokens = {pool.page_num} pages of {pool.page_size} (from {sizing}, plus one page)\n"
+        f"  {pool.bytes_per_token} B/token, {human_bytes(pool.bytes_per_page)}/page, "
+        f"[bold]{human_bytes(pool.host_bytes)}[/] per rank ({pool.host_bytes} B)",
+        highlight=False,
+    )
+    dev = report.device
+    stdout.print(
+        f"device pool (L1, layer-first): {'KV' if geo.mla else 'K'} {_shape(dev.k_shape)}"
+        + (f", V {_shape(dev.v_shape)}" if dev.v_shape else "")
+        + f" ({dev.device_tokens} tokens + 1 padding page), {human_bytes(dev.nbytes)}",
+        highlight=False,
+    )
+
+    buffers = Table(title="host buffers", title_justify="left")
+    for col in ("name", "shape", "dtype", "size", "bytes"):
+        buffers.add_column(col, justify="right" if col in ("size", "bytes") else "left")
+    for buf in pool.buffers:
+        buffers.add_row(buf.name, _shape(buf.shape), buf.dtype, human_bytes(buf.nbytes), str(buf.nbytes))
+        for part, offset, nbytes in buf.parts:
+            buffers.add_row(f"  {part}", f"at +{offset}", "", human_bytes(nbytes), str(nbytes))
+    stdout.print(buffers)
+
+    if pool.mooncake:
+        zero_copy = "yes" if pool.mooncake_zero_copy else "[red]no[/]"
+        stdout.print(
+            f"Mooncake zero-copy: {zero_copy}; {pool.objects_per_page} byte range(s) -> "
+            f"{pool.mooncake_objects_per_page} object(s) per page",
+            highlight=False,
+        )
+    pages = Table(title="page buffer metadata (offsets from the buffer start)", title_justify="left")
+    for col in ("page", "#", "part", "buffer", "offset", "size"):
+        pages.add_column(col, justify="right" if col in ("page", "#", "offset", "size") else "left")
+    for meta in report.pages:
+        for i, obj in enumerate(meta.objects):
+            part = obj.part
+            if obj.layer is not None:
+                part += f" layer {obj.layer}"
+            if obj.heads is not None:
+                part += f" heads {obj.heads[0]}..{obj.heads[1] - 1} (split {obj.split})"
+            pages.add_row(
+                str(meta.index) if i == 0 else "", str(i), part, obj.buffer, str(obj.offset), str(obj.size)
+            )
+    stdout.print(pages)
+    for note in report.notes:
+        if note not in report.resolution.notes:
+            stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+    for warning in report.warnings:
+        stderr.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+def layout(
+    preset: Annotated[
+        str | None,
+        typer.Option("--preset", help="Named model geometry (tiny, qwen3-0.6b, llama-3.1-8b, deepseek-v3, ...).",
+                     show_default=False),
+    ] = None,
+    layers: Annotated[int | None, typer.Option("--layers", help="Layers.", show_default=False)] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", help="KV heads in total (before TP).", show_default=False)
+    ] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", help="Head size.", show_default=False)] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="KV dtype: bfloat16, float16, float32, fp8_e4m3, fp8_e5m2 (default: the preset's, else bfloat16).",
+            show_default=False,
+        ),
+    ] = None,
+    mla: Annotated[bool, typer.Option("--mla", help="MLA model (give --kv-lora-rank, --qk-rope-head-dim).")] = False,
+    kv_lora_rank: Annotated[
+        int | None, typer.Option("--kv-lora-rank", help="MLA latent rank.", show_default=False)
+    ] = None,
+    qk_rope_head_dim: Annotated[
+        int | None, typer.Option("--qk-rope-head-dim", help="MLA rope head size.", show_default=False)
+    ] = None,
+    page_size: PageSizeOption = 64,
+    device_tokens: Annotated[
+        int, typer.Option("--device-tokens", help="Device (L1) pool size in tokens per rank.")
+    ] = 65536,
+    hicache_ratio: Annotated[
+        float | None,
+        typer.Option("--hicache-ratio", help="Host/device size ratio (default: 2.0, SGLang's).", show_default=False),
+    ] = None,
+    hicache_size: Annotated[
+        int, typer.Option("--hicache-size", help="Host pool size in GB (1e9 bytes); overrides the ratio.")
+    ] = 0,
+    layout_: Annotated[str, typer.Option("--layout", help="Requested --hicache-mem-layout.")] = "page_first",
+    io_backend: Annotated[
+        str, typer.Option("--io-backend", help="Requested --hicache-io-backend: kernel or direct.")
+    ] = "kernel",
+    tp_size: Annotated[int, typer.Option("--tp-size", help="Attention TP size.")] = 1,
+    tp_lcm_size: Annotated[
+        int | None,
+        typer.Option("--tp-lcm-size", help="Extra-config tp_lcm_size (heterogeneous TP).", show_default=False),
+    ] = None,
+    pages: Annotated[
+        str | None,
+        typer.Option("--pages", help="Host pages to show, comma separated (default: 0, 1 and the last).",
+                     show_default=False),
+    ] = None,
+    mooncake: Annotated[
+        bool, typer.Option("--mooncake/--no-mooncake", help="Whether the L3 storage backend is Mooncake.")
+    ] = True,
+    sglang_version: SglangVersionOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """The host KV pool SGLang builds (shapes, sizes, rewrites) and each page's Mooncake byte ranges."""
+    with reporting(json_output):
+        version = validate_version(sglang_version or default_version())
+        geometry = resolve_geometry(
+            preset_name=preset,
+            layers=layers,
+            kv_heads=heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            mla=mla,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope_head_dim,
+        )
+        report = inspect_layout(
+            geometry,
+            layout=layout_,
+            io_backend=io_backend,
+            page_size=page_size,
+            device_tokens=device_tokens,
+            hicache_ratio=hicache_ratio,
+            hicache_size_gb=hicache_size,
+            tp_size=tp_size,
+            tp_lcm_size=tp_lcm_size,
+            pages=parse_pages(pages),
+            mooncake=mooncake,
+            sglang_version=version,
+        )
+        emit(report.to_json(), json_output, lambda _: _render(report))
