@@ -13,7 +13,7 @@ SglangVersionOption = Annotated[
     str | None,
     typer.Option(
         "--sglang-version",
-        help="SGLang key scheme: 0.5.14 or 0.5.23 [default: the installed sglang, else 0.5.23].",
+        help="SGLang key scheme: 0.5.14 or 0.5.23 (default: the installed sglang, else 0.5.23).",
         show_default=False,
     ),
 ]

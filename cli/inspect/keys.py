@@ -59,11 +59,11 @@ def keys(
     cache_salt: CacheSaltOption = None,
     tp_size: Annotated[int, typer.Option("--tp-size", help="Attention TP size.")] = 1,
     tp_rank: Annotated[
-        int | None, typer.Option("--tp-rank", help="One tp rank [default: every rank].", show_default=False)
+        int | None, typer.Option("--tp-rank", help="One tp rank (default: every rank).", show_default=False)
     ] = None,
     pp_size: Annotated[int, typer.Option("--pp-size", help="Pipeline-parallel size.")] = 1,
     pp_rank: Annotated[
-        int | None, typer.Option("--pp-rank", help="One pp rank [default: every rank].", show_default=False)
+        int | None, typer.Option("--pp-rank", help="One pp rank (default: every rank).", show_default=False)
     ] = None,
     mla: Annotated[bool, typer.Option("--mla", help="MLA model: one `_k` object per page.")] = False,
     layout: Annotated[
