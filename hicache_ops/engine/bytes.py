@@ -1,0 +1,227 @@
+"""Real bytes: per-rank device (L1) and host (L2) pools, the transfer kernels, and Mooncake as L3.
+
+Each tp rank owns a layer-first device pool and a host pool in an SGLang layout, holding its share
+of the KV heads (MLA: the full latent row, replicated). Device page p occupies slots
+(p+1)*page_size.. like SGLang's padded pool, whose first page absorbs padded writes.
+`compute` writes the reference KV of each page (reference.py); every load-back and every L3 read
+is compared byte for byte with a fresh reference, and mismatches are counted, never hidden.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..keys import ObjectKeyScheme
+from ..kernels import transfer
+from ..layouts import DevicePoolLayout, HostPoolLayout, ModelGeometry
+from .planes import ReadOutcome, WriteOutcome
+from .policy import STORAGE_BATCH_PAGES
+from .reference import reference_page
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NP_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+@dataclass
+class RankPools:
+    rank: int
+    device_k: torch.Tensor  # (L, slots, H, D); MLA: (L, slots, 1, C)
+    device_v: torch.Tensor | None  # MHA only
+    host: torch.Tensor  # SGLang's host buffer for the layout
+    host_layout: HostPoolLayout
+
+    @property
+    def device(self) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        return self.device_k if self.device_v is None else (self.device_k, self.device_v)
+
+
+def allocate_rank(
+    rank: int, geometry: ModelGeometry, host_layout: HostPoolLayout, device_tokens: int, page_size: int,
+    tp_size: int, torch_device: str,
+) -> RankPools:
+    dev = DevicePoolLayout(geometry, device_tokens, page_size, tp_size)
+    dtype = geometry.torch_dtype()
+    k = torch.zeros(dev.k_shape, dtype=dtype, device=torch_device)
+    v = torch.zeros(dev.v_shape, dtype=dtype, device=torch_device) if dev.v_shape is not None else None
+    pin = torch_device.startswith("cuda")
+    host = torch.zeros(host_layout.buffer_shape, dtype=dtype, pin_memory=pin)
+    return RankPools(rank, k, v, host, host_layout)
+
+
+class BytesPlane:
+    """Moves and verifies real KV bytes for every rank."""
+
+    def __init__(self, ranks: list[RankPools], geometry: ModelGeometry, page_size: int, tp_size: int):
+        self.ranks = ranks
+        self.geometry = geometry
+        self.page_size = page_size
+        self.tp_size = tp_size
+        self.layout = ranks[0].host_layout.layout
+        self.bytes_per_page = ranks[0].host_layout.bytes_per_page  # one rank
+        self._int = _INT_VIEW[geometry.itemsize]
+        self._np_int = _NP_INT[geometry.itemsize]
+
+    # reference bytes as a torch tensor in the pool's dtype
+    def reference(self, storage_key: str, rank: int, device: torch.device) -> torch.Tensor:
+        ref = reference_page(storage_key, self.geometry, self.page_size, rank, self.tp_size)
+        return torch.from_numpy(ref.view(self._np_int)).to(device).view(self.ranks[0].device_k.dtype)
+
+    def _slots(self, page: int) -> slice:
+        start = (page + 1) * self.page_size
+        return slice(start, start + self.page_size)
+
+    def compute(self, device_pages: list[int], storage_keys: list[str]) -> None:
+        for pools in self.ranks:
+            for page, key in zip(device_pages, storage_keys):
+                ref = self.reference(key, pools.rank, pools.device_k.device)
+                s = self._slots(page)
+                if pools.device_v is None:
+                    pools.device_k[:, s] = ref
+                else:
+                    pools.device_k[:, s] = ref[0]
+                    pools.device_v[:, s] = ref[1]
+
+    def backup(self, device_pages: list[int], host_pages: list[int]) -> int:
+        dev = [p + 1 for p in device_pages]
+        for pools in self.ranks:
+            transfer.backup(
+                pools.device, pools.host, device_indices=dev, host_indices=host_pages,
+                layout=self.layout, page_size=self.page_size, unit="page",
+            )
+        self._sync()
+        return len(device_pages) * self.bytes_per_page * len(self.ranks)
+
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, int]:
+        dev = [p + 1 for p in device_pages]
+        for pools in self.ranks:
+            transfer.load(
+                pools.host, pools.device, host_indices=host_pages, device_indices=dev,
+                layout=self.layout, page_size=self.page_size, unit="page",
+            )
+        self._sync()
+        bad = sum(0 if self.device_page_ok(p, k) else 1 for p, k in zip(device_pages, storage_keys))
+        return len(device_pages) * self.bytes_per_page * len(self.ranks), bad
+
+    def device_page_ok(self, page: int, storage_key: str) -> bool:
+        """Whether every rank's device copy of a page equals its reference bytes."""
+        s = self._slots(page)
+        for pools in self.ranks:
+            ref = self.reference(storage_key, pools.rank, pools.device_k.device).view(self._int)
+            got_k = pools.device_k[:, s].view(self._int)
+            if pools.device_v is None:
+                if not torch.equal(got_k, ref):
+                    return False
+            elif not (torch.equal(got_k, ref[0]) and torch.equal(pools.device_v[:, s].view(self._int), ref[1])):
+                return False
+        return True
+
+    def host_page_ok(self, pools: RankPools, page: int, storage_key: str) -> bool:
+        """Whether one rank's host copy of a page equals its reference bytes (any layout)."""
+        g = self.geometry
+        heads = 1 if g.mla else g.heads_per_rank(self.tp_size)
+        shape = (g.layers, self.page_size, heads, g.kv_cache_dim)
+        k = torch.empty(shape, dtype=pools.host.dtype)
+        scratch = k if g.mla else (k, torch.empty_like(k))
+        transfer.load(
+            pools.host, scratch, host_indices=[page], device_indices=[0],
+            layout=self.layout, page_size=self.page_size, unit="page",
+        )
+        ref = self.reference(storage_key, pools.rank, torch.device("cpu")).view(self._int)
+        if g.mla:
+            return torch.equal(k.view(self._int), ref)
+        return torch.equal(k.view(self._int), ref[0]) and torch.equal(scratch[1].view(self._int), ref[1])
+
+    def _sync(self) -> None:
+        if self.ranks and self.ranks[0].device_k.is_cuda:
+            for pools in self.ranks:
+                torch.cuda.synchronize(pools.device_k.device)
+
+
+class MooncakeL3:
+    """L3 through a Mooncake store: every rank's objects, named exactly as SGLang names them.
+
+    `store` is a client with batch_is_exist / batch_put_from / batch_get_into over registered
+    buffers (hicache_ops.mooncake.store); each rank's host pool must be registered with it.
+    """
+
+    def __init__(self, store, schemes: list[ObjectKeyScheme], plane: BytesPlane):
+        self.store = store
+        self.schemes = schemes
+        self.plane = plane
+        self._writing = [s for s in schemes if s.writes]
+
+    def _pools(self, scheme: ObjectKeyScheme) -> RankPools:
+        return self.plane.ranks[scheme.tp_rank]
+
+    def _io(self, scheme: ObjectKeyScheme, storage_keys: list[str], host_pages: list[int]):
+        pools = self._pools(scheme)
+        base = pools.host.data_ptr()
+        offsets, sizes = pools.host_layout.flat_meta(host_pages)
+        return scheme.all_object_keys(storage_keys), [base + o for o in offsets], sizes
+
+    def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
+        hits = []
+        for scheme in self.schemes:
+            per_page = len(scheme.suffixes)
+            count = 0
+            for start in range(0, len(storage_keys), STORAGE_BATCH_PAGES):
+                batch = storage_keys[start : start + STORAGE_BATCH_PAGES]
+                exists = self.store.batch_is_exist(scheme.all_object_keys(batch))
+                n = 0
+                while n < len(batch) and all(exists[n * per_page : (n + 1) * per_page]):
+                    n += 1
+                count += n
+                if n < len(batch):
+                    break
+            hits.append(count)
+        return hits
+
+    def write(self, storage_keys: list[str], host_pages: list[int]) -> tuple[list[bool], WriteOutcome]:
+        outcome = WriteOutcome()
+        ok = [True] * len(storage_keys)
+        for scheme in self._writing:
+            keys, ptrs, sizes = self._io(scheme, storage_keys, host_pages)
+            per_page = len(scheme.suffixes)
+            exists = self.store.batch_is_exist(keys)
+            todo = [i for i, e in enumerate(exists) if not e]
+            outcome.skipped += len(keys) - len(todo)
+            if todo:
+                codes = self.store.batch_put_from([keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
+                for i, code in zip(todo, codes):
+                    if code == 0:
+                        outcome.written += 1
+                        outcome.nbytes += sizes[i]
+                    else:
+                        outcome.failed.append(keys[i])
+                        ok[i // per_page] = False
+        return ok, outcome
+
+    def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
+        n = len(storage_keys)
+        outcome = ReadOutcome(ok=[True] * n, done_at=[0.0] * n, verified=[True] * n)
+        start = time.perf_counter()
+        for scheme in self.schemes:
+            keys, ptrs, sizes = self._io(scheme, storage_keys, host_pages)
+            per_page = len(scheme.suffixes)
+            results = []
+            for b in range(0, n, STORAGE_BATCH_PAGES):  # batches, so completion times are per batch
+                lo, hi = b * per_page, min(n, b + STORAGE_BATCH_PAGES) * per_page
+                results.extend(self.store.batch_get_into(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi]))
+                now = time.perf_counter() - start
+                for page in range(b, min(n, b + STORAGE_BATCH_PAGES)):
+                    outcome.done_at[page] = max(outcome.done_at[page], now)
+            for i, got in enumerate(results):
+                if got <= 0:  # SGLang: a page succeeds only if every object read > 0 bytes
+                    outcome.ok[i // per_page] = False
+                else:
+                    outcome.nbytes += got
+        for page, key in enumerate(storage_keys):
+            if outcome.ok[page]:
+                outcome.verified[page] = all(
+                    self.plane.host_page_ok(self._pools(s), host_pages[page], key) for s in self.schemes
+                )
+        return outcome
