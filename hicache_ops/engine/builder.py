@@ -1,0 +1,147 @@
+"""Build a TieredCache from one description: geometry, pools, policies, ranks and L3.
+
+`accounting=True` gives the byte-free planes (same tree, eviction and policies) for benchmark
+scale; otherwise every rank gets real device and host pools and, with a store, a Mooncake L3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+from ..keys import ObjectKeyScheme
+from ..layouts import DEFAULT_PRESET, HostPoolLayout, ModelGeometry, preset, resolve_layout
+from ..versions import NEWEST
+from . import policy as pol
+from .cache import CacheConfig, TieredCache
+from .planes import AccountingPlane, MemoryL3
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    geometry: ModelGeometry = field(default_factory=lambda: preset(DEFAULT_PRESET))
+    page_size: int = 16
+    device_tokens: int = 4096
+    hicache_ratio: float = 2.0
+    hicache_size_gb: float = 0
+    layout: str = "page_first"
+    io_backend: str = "kernel"
+    write_policy: str = "write_through"
+    stop_policy: str = "best_effort"
+    prefetch_threshold: int = pol.DEFAULT_PREFETCH_THRESHOLD
+    timeout_budget: pol.TimeoutBudget = pol.TimeoutBudget()
+    sglang_version: str = NEWEST
+    model_name: str | None = "hicache/tiny"
+    extra_backend_tag: str | None = None
+    tp_size: int = 1
+    tp_lcm_size: int | None = None
+    enable_l2: bool = True
+    torch_device: str = "auto"  # "auto": cuda:r per rank when there are tp_size GPUs, else cpu
+
+    def host_layout(self, mooncake: bool) -> HostPoolLayout:
+        layout, _, _ = resolve_layout(self.layout, self.io_backend, mooncake, version=self.sglang_version)
+        return HostPoolLayout(
+            self.geometry, layout, self.page_size, self.device_tokens, self.hicache_ratio, self.hicache_size_gb,
+            tp_size=self.tp_size, tp_lcm_size=self.tp_lcm_size, sglang_version=self.sglang_version, mooncake=mooncake,
+        )
+
+    def schemes(self) -> list[ObjectKeyScheme]:
+        host = self.host_layout(mooncake=True)
+        return [
+            ObjectKeyScheme(
+                self.sglang_version, model_name=self.model_name, extra_backend_tag=self.extra_backend_tag,
+                tp_rank=r, tp_size=self.tp_size, mla=self.geometry.mla, layout=host.layout, tp_lcm_size=self.tp_lcm_size,
+            )
+            for r in range(self.tp_size)
+        ]
+
+    def cache_config(self, host: HostPoolLayout) -> CacheConfig:
+        if self.device_tokens % self.page_size:
+            raise InputError(
+                f"device tokens {self.device_tokens} are not a whole number of {self.page_size}-token pages."
+            )
+        return CacheConfig(
+            page_size=self.page_size,
+            device_pages=self.device_tokens // self.page_size,
+            host_pages=host.page_num if self.enable_l2 else 0,
+            write_policy=self.write_policy,
+            stop_policy=self.stop_policy,
+            prefetch_threshold=self.prefetch_threshold,
+            sglang_version=self.sglang_version,
+            timeout_budget=self.timeout_budget,
+            enable_l2=self.enable_l2,
+        )
+
+    def rank_devices(self) -> list[str]:
+        if self.torch_device != "auto":
+            return [self.torch_device] * self.tp_size
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= self.tp_size:
+            return [f"cuda:{r}" for r in range(self.tp_size)]
+        return ["cpu"] * self.tp_size
+
+    def memory_needed(self) -> dict:
+        """Bytes every rank's pools take, summed over ranks (checked before allocating)."""
+        host = self.host_layout(mooncake=True)
+        device_per_rank = (self.device_tokens + self.page_size) * self.geometry.bytes_per_token(self.tp_size)
+        return {"host": host.host_bytes * self.tp_size, "device": device_per_rank * self.tp_size}
+
+
+def build_accounting(spec: EngineSpec, l3: bool = True, shared_l3: MemoryL3 | None = None) -> TieredCache:
+    """The byte-free cache; `shared_l3` lets several instances share one L3."""
+    host = spec.host_layout(mooncake=l3)
+    config = spec.cache_config(host)
+    per_page = host.bytes_per_page * spec.tp_size
+    memory_l3 = shared_l3 if shared_l3 is not None else (MemoryL3(spec.schemes(), per_page) if l3 else None)
+    return TieredCache(config, AccountingPlane(per_page), memory_l3)
+
+
+def check_memory(spec: EngineSpec) -> None:
+    """Refuse pools that cannot fit in this machine's available memory, naming the bytes."""
+    need = spec.memory_needed()
+    devices = spec.rank_devices()
+    host_total = need["host"] + (need["device"] if devices[0] == "cpu" else 0)
+    available = _available_memory()
+    if available is not None and host_total > 0.9 * available:
+        raise InputError(
+            f"the pools need {host_total / 2**30:.2f} GiB of host memory but only {available / 2**30:.2f} GiB is available.",
+            hint="Lower --device-tokens, --hicache-ratio or --hicache-size, or use a smaller geometry.",
+        )
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
+    """The real-bytes cache; with `store` (a Mooncake store client) L3 is Mooncake.
+
+    Every rank's host pool is registered with the store so puts and gets are zero-copy.
+    """
+    from .bytes import BytesPlane, MooncakeL3, allocate_rank
+
+    check_memory(spec)
+    host = spec.host_layout(mooncake=store is not None)
+    if store is not None and not host.mooncake_zero_copy:
+        raise InputError(f"layout {host.layout!r} cannot be read or written by Mooncake zero-copy.")
+    config = spec.cache_config(host)
+    devices = spec.rank_devices()
+    ranks = [
+        allocate_rank(r, spec.geometry, host, spec.device_tokens, spec.page_size, spec.tp_size, devices[r])
+        for r in range(spec.tp_size)
+    ]
+    plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size)
+    l3 = None
+    if store is not None:
+        for pools in ranks:
+            store.register_buffer(pools.host.data_ptr(), pools.host.numel() * pools.host.element_size())
+        l3 = MooncakeL3(store, spec.schemes(), plane)
+    return TieredCache(config, plane, l3)
