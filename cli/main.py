@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from . import bench, inspect
+from . import bench, inspect, serve
 from .output import DEBUG_ENV, stderr
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(bench.app, name="bench")
+app.command("serve")(serve.serve)
 
 
 def run() -> None:

@@ -438,7 +438,8 @@ class TieredCache:
         hit = min(info.rank_hits) if info.rank_hits else 0
         info.hit_pages = hit
         if hit * ps < info.threshold:
-            self.stats.prefetches_revoked += 1
+            if hit:
+                self.stats.prefetches_revoked += 1
             info.reason = (
                 f"revoked: the minimum storage hit over ranks is {hit * ps} tokens, below {info.threshold}"
                 if hit

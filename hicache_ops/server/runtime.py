@@ -1,0 +1,146 @@
+"""Everything `hicache serve` runs: the embedded Mooncake master (or a link to an existing one),
+the long-lived store client that owns the L3 segment, and the real-bytes tiered cache.
+
+`start()` brings the pieces up in order and `stop()` takes down what it started, the master
+included, whatever failed in between.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass, field
+
+from ..engine.builder import EngineSpec, build_bytes
+from ..errors import InputError
+from ..mooncake.net import parse_host_port
+
+DEFAULT_PORT = 18080
+DEFAULT_SEGMENT_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class L3Target:
+    """Where L3 lives: "embedded" (a master this process starts), "none", or an existing cluster."""
+
+    kind: str  # embedded | none | mooncake
+    rpc_address: str | None = None
+    metrics_address: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> L3Target:
+        if text in ("embedded", "none"):
+            return cls(text)
+        if not text.startswith("mooncake://"):
+            raise InputError(
+                f"--l3 {text!r} is not embedded, none or mooncake://HOST:RPC_PORT?metrics=PORT.",
+                hint="For an existing master: --l3 'mooncake://127.0.0.1:50051?metrics=9003'.",
+            )
+        url = urllib.parse.urlsplit(text)
+        host, port = parse_host_port(url.netloc, what="--l3 master address")
+        query = urllib.parse.parse_qs(url.query)
+        metrics = query.get("metrics", [None])[0]
+        if metrics is None or not metrics.isdigit():
+            raise InputError(
+                f"--l3 {text!r} lacks ?metrics=PORT, the master's HTTP (metrics) port.",
+                hint="Add ?metrics=9003 (MOONCAKE_MASTER_METRICS_PORT).",
+            )
+        return cls("mooncake", f"{host}:{port}", f"{host}:{int(metrics)}")
+
+
+@dataclass
+class Runtime:
+    spec: EngineSpec
+    l3: L3Target = field(default_factory=lambda: L3Target("embedded"))
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    log_dir: str | None = None
+    master: object | None = None
+    store: object | None = None
+    cache: object | None = None
+    started: dict = field(default_factory=dict)
+
+    def start(self) -> Runtime:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        rpc, metrics = self.l3.rpc_address, self.l3.metrics_address
+        if self.l3.kind == "embedded":
+            from ..mooncake.master import EmbeddedMaster
+
+            log = f"{self.log_dir}/mooncake_master.log" if self.log_dir else None
+            self.master = EmbeddedMaster(log_path=log).start()
+            rpc, metrics = self.master.rpc_address, self.master.metrics_address
+        if self.l3.kind != "none":
+            from ..mooncake.store import StoreClient
+
+            # This long-lived client owns the segment the objects live in (FACTS §7).
+            self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes)
+        self.cache = build_bytes(self.spec, self.store)
+        self.started = {"rpc_address": rpc, "metrics_address": metrics}
+
+    def stop(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception:  # closing is best effort; the master goes next anyway
+                pass
+        master, self.master = self.master, None
+        if master is not None:
+            master.stop()
+
+    # -- what the API reports -------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        cache = self.cache
+        host = self.spec.host_layout(mooncake=self.store is not None)
+        return {
+            "geometry": self.spec.geometry.to_json(),
+            "page_size": self.spec.page_size,
+            "tp_size": self.spec.tp_size,
+            "rank_devices": [str(r.device_k.device) for r in cache.plane.ranks],
+            "device_pages": cache.config.device_pages,
+            "host_pages": cache.config.host_pages,
+            "host_layout": host.layout,
+            "bytes_per_page_per_rank": host.bytes_per_page,
+            "write_policy": cache.config.write_policy,
+            "stop_policy": cache.config.stop_policy,
+            "prefetch_threshold": cache.config.prefetch_threshold,
+            "sglang_version": cache.config.sglang_version,
+            "model_name": self.spec.model_name,
+            "extra_backend_tag": self.spec.extra_backend_tag,
+            "key_prefix": self.spec.schemes()[0].prefix,
+            "l3": self.l3.kind,
+            "master_rpc_address": self.started.get("rpc_address"),
+            "master_metrics_address": self.started.get("metrics_address"),
+            "master_pid": getattr(self.master, "pid", None),
+            "master_log": str(self.master.log_path) if self.master is not None else None,
+        }
+
+    def stats(self) -> dict:
+        from dataclasses import asdict
+
+        cache = self.cache
+        with cache.lock:
+            return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats)}
+
+    def layout_report(self) -> dict:
+        from ..layouts import inspect_layout
+
+        spec = self.spec
+        return inspect_layout(
+            spec.geometry, layout=spec.layout, io_backend=spec.io_backend, page_size=spec.page_size,
+            device_tokens=spec.device_tokens, hicache_ratio=spec.hicache_ratio, hicache_size_gb=spec.hicache_size_gb,
+            tp_size=spec.tp_size, tp_lcm_size=spec.tp_lcm_size, pages=[0], sglang_version=spec.sglang_version,
+            mooncake=self.store is not None,
+        ).to_json()
+
+    def metrics_text(self) -> str:
+        from .metrics import render_metrics
+
+        return render_metrics(self.stats())
+
