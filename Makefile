@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test bench-keys clean
+.PHONY: install system-deps test serve bench-keys clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
 system-deps:
@@ -32,6 +32,11 @@ install: system-deps $(STAMP)
 
 test: install
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The main job: the embedded tiered cache (L1/L2/L3 with a Mooncake master) on 127.0.0.1:18080.
+SERVE_ARGS ?=
+serve: install
+	$(VENV)/bin/hicache serve $(SERVE_ARGS)
 
 # Page-key throughput against SGLang's own get_hash_str, measured side by side.
 bench-keys: install
