@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from . import bench, inspect, serve
+from . import bench, inspect, serve, trace
 from .output import DEBUG_ENV, stderr
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(bench.app, name="bench")
 app.command("serve")(serve.serve)
+app.add_typer(trace.app, name="trace")
 
 
 def run() -> None:
