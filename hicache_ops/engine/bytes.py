@@ -186,18 +186,24 @@ class MooncakeL3:
         for scheme in self._writing:
             keys, ptrs, sizes = self._io(scheme, storage_keys, host_pages)
             per_page = len(scheme.suffixes)
-            exists = self.store.batch_is_exist(keys)
+            exists = self.store.batch_is_exist(keys)  # SGLang puts only what is missing
             todo = [i for i, e in enumerate(exists) if not e]
             outcome.skipped += len(keys) - len(todo)
+            codes = dict.fromkeys(range(len(keys)))
             if todo:
-                codes = self.store.batch_put_from([keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
-                for i, code in zip(todo, codes):
+                put = self.store.batch_put_from([keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
+                for i, code in zip(todo, put):
+                    codes[i] = code
                     if code == 0:
                         outcome.written += 1
                         outcome.nbytes += sizes[i]
                     else:
                         outcome.failed.append(keys[i])
                         ok[i // per_page] = False
+            outcome.objects.extend(
+                {"key": keys[i], "rank": scheme.tp_rank, "existed": exists[i], "ptr": ptrs[i], "size": sizes[i], "code": codes[i]}
+                for i in range(len(keys))
+            )
         return ok, outcome
 
     def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:

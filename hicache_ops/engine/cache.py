@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -170,6 +171,12 @@ class TieredCache:
         self.stats = CacheStats()
         self.lock = threading.RLock()  # one request at a time, like SGLang's scheduler loop
         self._write_threshold = pol.write_through_threshold(config.write_policy)
+        # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
+        self._observer: Callable[[str, dict], None] | None = None
+
+    def _emit(self, event: str, **data) -> None:
+        if self._observer is not None:
+            self._observer(event, data)
 
     # -- keys -----------------------------------------------------------------------------------
 
@@ -248,12 +255,15 @@ class TieredCache:
         host_pages = self._alloc_host(len(nodes), pinned={id(n) for n in nodes} | (pinned or set()))
         if host_pages is None:
             self.stats.backup_failures += len(nodes)
+            self._emit("backup_failed", pages=len(nodes), host_free=self.host.free, host_pages=self.host.capacity)
             return 0
         moved = self.plane.backup([n.device_page for n in nodes], host_pages)
         self.stats.bytes_d2h += moved
         self._last_backup_bytes += moved
+        self._emit("backup_host", nodes=nodes, device_pages=[n.device_page for n in nodes], host_pages=host_pages, bytes=moved)
         for node, page in zip(nodes, host_pages):
             self.tree.set_host(node, page)  # acknowledged: the copy above completed
+        self._emit("backup_ack", nodes=nodes)
         self._backup_to_l3(nodes)
         return len(nodes)
 
@@ -272,6 +282,7 @@ class TieredCache:
                 node.host_ref -= 1
         for node, stored in zip(nodes, ok):
             node.stored = stored
+        self._emit("l3_write", nodes=nodes, ok=ok, outcome=outcome)
         self.stats.bytes_l3_write += outcome.nbytes
         self.stats.l3_objects_written += outcome.written
         self.stats.l3_objects_skipped += outcome.skipped
@@ -281,7 +292,13 @@ class TieredCache:
     # -- the request path -----------------------------------------------------------------------
 
     def prefill(
-        self, tokens, extra_key: str | None = None, cache_salt: str | None = None, *, with_keys: bool = False
+        self,
+        tokens,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        with_keys: bool = False,
+        observer: Callable[[str, dict], None] | None = None,
     ) -> PrefillResult:
         cfg = self.config
         ps = cfg.page_size
@@ -295,7 +312,11 @@ class TieredCache:
                 hint="Send a shorter prompt or start the cache with a larger device pool.",
             )
         with self.lock:
-            return self._prefill(arr, n_pages, extra_key, cache_salt, with_keys)
+            self._observer = observer
+            try:
+                return self._prefill(arr, n_pages, extra_key, cache_salt, with_keys)
+            finally:
+                self._observer = None
 
     def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys) -> PrefillResult:
         cfg, ps = self.config, self.config.page_size
@@ -316,6 +337,10 @@ class TieredCache:
         h = d
         while h < len(matched) and matched[h].on_host:
             h += 1
+        self._emit(
+            "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=matched[:d], host_nodes=matched[d:h],
+            extra_key=extra_key, cache_salt=cache_salt,
+        )
         path: list[PageNode] = matched[:h]
         for node in path:
             node.lock_ref += 1
@@ -345,6 +370,7 @@ class TieredCache:
             if pos < n_pages:
                 pages = self._alloc_device(n_pages - pos)
                 self.plane.compute(pages, storage_keys[pos:n_pages])
+                self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
                 for i, page in zip(range(pos, n_pages), pages):
                     node = self.tree.get_or_add(tree_keys[i], storage_keys[i], parent, i)
                     if node.on_device:  # cannot happen: the tree did not match it
@@ -363,8 +389,13 @@ class TieredCache:
             for node in path:
                 node.hit_count += 1
             self.tree.touch(path)
+            due = []
             if self._write_threshold is not None:
                 due = [n for n in path if not n.backed_up and n.hit_count >= self._write_threshold]
+            self._emit(
+                "write_policy", policy=cfg.write_policy, threshold=self._write_threshold, path=path, due=due,
+            )
+            if due:
                 result.backed_up_pages = self._backup_to_host(due)
             if self.l3 is not None:
                 # Pages backed up earlier whose L3 write has not happened yet (e.g. L3 was down).
@@ -391,6 +422,10 @@ class TieredCache:
     def _to_device(self, nodes: list[PageNode], result: PrefillResult, *, load: bool) -> None:
         """Give host-resident nodes device pages: loaded back and verified, or recomputed."""
         pages = self._alloc_device(len(nodes))
+        self._emit(
+            "load_back", load=load, nodes=nodes, device_pages=pages, tokens=len(nodes) * self.config.page_size,
+            threshold=self.config.load_back_threshold,
+        )
         if load:
             moved, bad = self.plane.load([n.host_page for n in nodes], pages, [n.storage_key for n in nodes])
             self.stats.bytes_h2d += moved
@@ -428,13 +463,16 @@ class TieredCache:
         n_pages = len(tree_keys)
         info.considered_tokens = (n_pages - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
+        capacity = pol.prefetch_capacity_tokens(self.host.capacity * ps, cfg.device_pages * ps)
         if info.considered_tokens < info.threshold:
             info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
-            return []
-        if not cfg.enable_l2:
+        elif not cfg.enable_l2:
             info.reason = "no host pool: L3 reads stage through L2"
+        self._emit("prefetch_decision", info=info, first_page=pos, capacity_tokens=capacity, host_free_pages=self.host.free)
+        if info.reason:
             return []
         info.rank_hits = self.l3.contiguous_hits(storage_keys[pos:])
+        self._emit("storage_query", info=info, storage_keys=storage_keys[pos:], schemes=self.l3.schemes)
         hit = min(info.rank_hits) if info.rank_hits else 0
         info.hit_pages = hit
         if hit * ps < info.threshold:
@@ -453,6 +491,7 @@ class TieredCache:
         info.issued = True
         self.stats.prefetches_issued += 1
         outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
+        self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
         self.stats.bytes_l3_read += outcome.nbytes
         result.bytes_read_from_l3 += outcome.nbytes
@@ -474,6 +513,7 @@ class TieredCache:
             self.host.give(page)
         info.mismatched_pages = sum(1 for v in outcome.verified[:done] if not v)
         result.mismatched_pages += info.mismatched_pages
+        self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
         nodes = []
         parent = anchor
         for i in range(done):
@@ -483,9 +523,17 @@ class TieredCache:
             nodes.append(node)
             parent = node
         self.tree.touch(nodes)
+        self._emit("insert", nodes=nodes)
         return nodes
 
-    def prefetch(self, tokens, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
+    def prefetch(
+        self,
+        tokens,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        observer: Callable[[str, dict], None] | None = None,
+    ) -> PrefillResult:
         """Pull a prompt's pages from L3 into the host pool only (no device load, no compute).
 
         The result's breakdown counts pages already on device or host as hits, fetched pages as
@@ -498,19 +546,31 @@ class TieredCache:
         if self.l3 is None:
             raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
         with self.lock:
-            n_pages = arr.size // ps
-            result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
-            tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
-            matched = self.tree.match(tree_keys)
-            result.device_hit = sum(ps for n in matched if n.on_device)
-            result.host_hit = sum(ps for n in matched if not n.on_device)
-            t = time.perf_counter()
-            nodes = self._fetch_to_host(matched[-1] if matched else None, tree_keys, storage_keys, len(matched), result)
-            result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3
-            result.storage_hit = len(nodes) * ps
-            self.stats.storage_hit += result.storage_hit
-            self.stats.mismatched_pages += result.mismatched_pages
-            return result
+            self._observer = observer
+            try:
+                return self._prefetch_only(arr, extra_key, cache_salt)
+            finally:
+                self._observer = None
+
+    def _prefetch_only(self, arr, extra_key, cache_salt) -> PrefillResult:
+        ps = self.config.page_size
+        n_pages = arr.size // ps
+        result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
+        tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+        matched = self.tree.match(tree_keys)
+        self._emit(
+            "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=[n for n in matched if n.on_device],
+            host_nodes=[n for n in matched if not n.on_device], extra_key=extra_key, cache_salt=cache_salt,
+        )
+        result.device_hit = sum(ps for n in matched if n.on_device)
+        result.host_hit = sum(ps for n in matched if not n.on_device)
+        t = time.perf_counter()
+        nodes = self._fetch_to_host(matched[-1] if matched else None, tree_keys, storage_keys, len(matched), result)
+        result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3
+        result.storage_hit = len(nodes) * ps
+        self.stats.storage_hit += result.storage_hit
+        self.stats.mismatched_pages += result.mismatched_pages
+        return result
 
     # -- other operations -----------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ class WriteOutcome:
     skipped: int = 0  # objects already present (batch_is_exist said so)
     failed: list[str] = field(default_factory=list)  # object keys whose put failed
     nbytes: int = 0
+    # Per object, for tracing: {"key", "rank", "existed", "ptr", "size", "code"} (code None: skipped).
+    objects: list[dict] = field(default_factory=list)
 
 
 class L3Tier(Protocol):
