@@ -421,7 +421,15 @@ class TieredCache:
 
     def _to_device(self, nodes: list[PageNode], result: PrefillResult, *, load: bool) -> None:
         """Give host-resident nodes device pages: loaded back and verified, or recomputed."""
-        pages = self._alloc_device(len(nodes))
+        # A load in flight pins its host pages: the device eviction below may back pages up
+        # (write_back), and the host eviction that makes room must not take these nodes.
+        for node in nodes:
+            node.host_ref += 1
+        try:
+            pages = self._alloc_device(len(nodes))
+        finally:
+            for node in nodes:
+                node.host_ref -= 1
         self._emit(
             "load_back", load=load, nodes=nodes, device_pages=pages, tokens=len(nodes) * self.config.page_size,
             threshold=self.config.load_back_threshold,
