@@ -1,0 +1,53 @@
+"""Shared fixtures: a real `mooncake_master` on loopback, started once and always stopped by PID.
+
+    def test_x(mooncake_master):               # session-wide master (EmbeddedMaster)
+        mooncake_master.rpc_address            # "127.0.0.1:PORT"  -> master_server_address
+        mooncake_master.metrics_address        # "127.0.0.1:PORT"  -> the admin HTTP API / --master
+        mooncake_master.metadata_server        # "P2PHANDSHAKE"
+
+    def test_y(mooncake_segment_owner):        # a StoreClient that mounts 256 MiB on that master
+        ...
+
+    def test_z(fresh_mooncake_master):         # a master of the test's own (kill it, fill it, ...)
+
+Objects live in the segment of the client that mounted them (FACTS §7): puts from clients that
+mount nothing land in `mooncake_segment_owner`'s segment and outlive those clients. The session
+master is shared: give each test's keys a unique prefix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hicache_ops.mooncake.master import EmbeddedMaster
+
+
+@pytest.fixture(scope="session")
+def mooncake_master():
+    master = EmbeddedMaster()
+    master.start()
+    try:
+        yield master
+    finally:
+        master.stop()
+
+
+@pytest.fixture(scope="session")
+def mooncake_segment_owner(mooncake_master):
+    from hicache_ops.mooncake.store import StoreClient
+
+    client = StoreClient.connect(mooncake_master.rpc_address, segment_size=256 << 20)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def fresh_mooncake_master():
+    master = EmbeddedMaster()
+    master.start()
+    try:
+        yield master
+    finally:
+        master.stop()
