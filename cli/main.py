@@ -8,6 +8,7 @@ import sys
 import typer
 
 from . import bench, inspect, serve, trace
+from . import tap as tap_command
 from .output import DEBUG_ENV, stderr
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app.add_typer(inspect.app, name="inspect")
 app.add_typer(bench.app, name="bench")
 app.command("serve")(serve.serve)
 app.add_typer(trace.app, name="trace")
+app.command("tap")(tap_command.tap)
 
 
 def run() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -60,3 +61,30 @@ def reporting(json_output: bool) -> Iterator[None]:
             raise
         print_error(err, json_output)
         raise typer.Exit(err.exit_code) from None
+
+
+@contextmanager
+def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log") -> Iterator[str]:
+    """Send file descriptor 2 to a log file while the block runs, keeping sys.stderr on the terminal.
+
+    Mooncake's client logs through glog straight to fd 2 and ignores GLOG_* variables before its
+    own initialisation; this keeps a command's output readable. Yields the log file's path.
+    """
+    folder = log_dir or tempfile.mkdtemp(prefix="hicache-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    saved_stream = sys.stderr
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stderr = os.fdopen(os.dup(saved_fd), "w", buffering=1)
+    try:
+        yield path
+    finally:
+        sys.stderr.flush()
+        sys.stderr.close()
+        sys.stderr = saved_stream
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)

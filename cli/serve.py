@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import sys
-import tempfile
 from typing import Annotated
 
 import typer
@@ -16,7 +13,7 @@ from rich.table import Table
 from hicache_ops.errors import InputError
 
 from .options import ModelNameOption, PageSizeOption, SglangVersionOption
-from .output import reporting, stderr
+from .output import native_stderr_to_file, reporting, stderr
 
 
 class _StopRequested(Exception):
@@ -25,20 +22,6 @@ class _StopRequested(Exception):
 
 def _stop_requested(signum, frame) -> None:
     raise _StopRequested()
-
-
-def _divert_native_stderr(log_dir: str | None) -> str:
-    """Send file descriptor 2 (Mooncake's glog, which ignores GLOG_* variables before its own
-    initialisation) to a log file, and keep Python's sys.stderr on the terminal."""
-    folder = log_dir or tempfile.mkdtemp(prefix="hicache-serve-")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "mooncake_client.log")
-    terminal = os.dup(2)
-    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    sys.stderr = os.fdopen(terminal, "w", buffering=1)
-    return path
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -117,7 +100,7 @@ def serve(
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.layouts import preset as load_preset
-        from hicache_ops.server.runtime import L3Target, Runtime
+        from hicache_ops.server.runtime import L3Target
         from hicache_ops.versions import default_version, validate_version
 
         geometry = load_preset(preset)
@@ -150,24 +133,30 @@ def serve(
         if host not in ("127.0.0.1", "localhost", "::1"):
             stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
 
-        native_log = _divert_native_stderr(log_dir)
-        runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir).start()
+        with native_stderr_to_file(log_dir) as native_log:
+            _run(spec, target, segment_mb, log_dir, host, port, native_log)
+
+
+def _run(spec, target, segment_mb: int, log_dir: str | None, host: str, port: int, native_log: str) -> None:
+    from hicache_ops.server.runtime import Runtime
+
+    runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir).start()
+    try:
+        import uvicorn
+
+        from hicache_ops.server.app import create_app
+
+        url = f"http://{host}:{port}"
+        stderr.print(_panel({**runtime.describe(), "client_log": native_log}, url))
+        server = uvicorn.Server(uvicorn.Config(create_app(runtime), host=host, port=port, log_level="warning"))
+        # uvicorn shuts down on SIGINT/SIGTERM and then re-raises the signal to the handler
+        # it found: make that ours, so the finally below still stops the master and store.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop_requested)
         try:
-            import uvicorn
-
-            from hicache_ops.server.app import create_app
-
-            url = f"http://{host}:{port}"
-            stderr.print(_panel({**runtime.describe(), "client_log": native_log}, url))
-            server = uvicorn.Server(uvicorn.Config(create_app(runtime), host=host, port=port, log_level="warning"))
-            # uvicorn shuts down on SIGINT/SIGTERM and then re-raises the signal to the handler
-            # it found: make that ours, so the finally below still stops the master and store.
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, _stop_requested)
-            try:
-                server.run()
-            except _StopRequested:
-                pass
-        finally:
-            runtime.stop()
-            stderr.print("hicache serve stopped; everything it started is down.", highlight=False)
+            server.run()
+        except _StopRequested:
+            pass
+    finally:
+        runtime.stop()
+        stderr.print("hicache serve stopped; everything it started is down.", highlight=False)

@@ -45,6 +45,38 @@ def _render(report: KeyReport) -> None:
         stderr.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
+def _render_live(report: KeyReport, diff) -> None:
+    """The key listing with each object marked present (+) or missing (-), then the verdict."""
+    stdout.print(
+        f"SGLang {report.sglang_version}  page size {report.page_size}  "
+        f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}  "
+        f"key prefix {report.key_prefix or '(none)'}  master {diff.master}",
+        highlight=False,
+    )
+    for page, present in zip(report.pages, diff.present):
+        mark = "[green]complete[/]" if all(present) else "[red]missing[/]"
+        stdout.print(
+            f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}  {mark}",
+            highlight=False,
+        )
+        for key, ok in zip(page.object_keys, present):
+            stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}", highlight=False)
+    total = len(report.pages)
+    stdout.print(
+        f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
+        f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
+        highlight=False,
+    )
+    if diff.first_missing:
+        stdout.print(f"[bold]first missing[/] {diff.first_missing}", highlight=False)
+    for entry in diff.diagnosis:
+        stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}", highlight=False)
+        if entry.get("hint"):
+            stdout.print(f"    [dim]hint:[/] {entry['hint']}", highlight=False)
+    for note in report.notes:
+        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
 def keys(
     tokens: TokensOption = None,
     tokens_file: TokensFileOption = None,
@@ -73,6 +105,26 @@ def keys(
         int | None,
         typer.Option("--tp-lcm-size", help="Extra-config tp_lcm_size (heterogeneous TP).", show_default=False),
     ] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            "--master",
+            help="Live diff against this Mooncake master's admin API HOST:METRICS_PORT: "
+            "which objects exist, SGLang's contiguous prefix, a diagnosis (exit 1 when incomplete).",
+            show_default=False,
+        ),
+    ] = None,
+    try_extra_key: Annotated[
+        list[str] | None,
+        typer.Option("--try-extra-key", help="With --master: also look for this extra_key's keys (repeatable).", show_default=False),
+    ] = None,
+    try_cache_salt: Annotated[
+        list[str] | None,
+        typer.Option("--try-cache-salt", help="With --master: also look for this cache_salt's keys (repeatable).", show_default=False),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="With --master: seconds to wait for each answer of the master.")
+    ] = 3.0,
     json_output: JsonOption = False,
 ) -> None:
     """Page keys and Mooncake object keys SGLang derives for a prompt."""
@@ -101,4 +153,29 @@ def keys(
             extra_key=extra_key if extra_key is not None else prompt.extra_key,
             cache_salt=cache_salt if cache_salt is not None else prompt.cache_salt,
         )
-        emit(report.to_json(), json_output, lambda _: _render(report))
+        if master is None:
+            if try_extra_key or try_cache_salt:
+                from hicache_ops.errors import InputError
+
+                raise InputError("--try-extra-key and --try-cache-salt need --master.")
+            emit(report.to_json(), json_output, lambda _: _render(report))
+            return
+        from hicache_ops.live_diff import live_diff
+        from hicache_ops.mooncake.admin import AdminClient
+
+        with AdminClient(master, timeout=timeout) as admin:
+            admin.health()  # an unreachable or silent master fails here, within --timeout
+            diff = live_diff(
+                prompt.input_ids,
+                page_size,
+                deployment,
+                admin,
+                extra_key=report.extra_key,
+                cache_salt=report.cache_salt,
+                try_extra_keys=try_extra_key or (),
+                try_cache_salts=try_cache_salt or (),
+                report=report,
+            )
+        emit(diff.merge_into(report.to_json()), json_output, lambda _: _render_live(report, diff))
+    if master is not None and not diff.complete:
+        raise typer.Exit(1)

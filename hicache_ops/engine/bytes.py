@@ -153,6 +153,9 @@ class MooncakeL3:
         self.schemes = schemes
         self.plane = plane
         self._writing = [s for s in schemes if s.writes]
+        # Simulated extra seconds per page read (fault injection for the stop policies; the
+        # bytes still move at full speed, only the completion times the policy sees shift).
+        self.extra_latency_s = 0.0
 
     def _pools(self, scheme: ObjectKeyScheme) -> RankPools:
         return self.plane.ranks[scheme.tp_rank]
@@ -225,6 +228,8 @@ class MooncakeL3:
                     outcome.ok[i // per_page] = False
                 else:
                     outcome.nbytes += got
+        if self.extra_latency_s:
+            outcome.done_at = [t + (i + 1) * self.extra_latency_s for i, t in enumerate(outcome.done_at)]
         for page, key in enumerate(storage_keys):
             if outcome.ok[page]:
                 outcome.verified[page] = all(

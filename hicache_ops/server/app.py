@@ -28,6 +28,13 @@ class PromptRequest(BaseModel):
     return_keys: bool = Field(False, description="Include the L3 page keys in the response.")
 
 
+class TraceRequest(BaseModel):
+    input_ids: list[int] = Field(..., description="Token ids of the prompt.")
+    extra_key: str | None = None
+    cache_salt: str | None = None
+    flush: bool = Field(False, description="Flush L1 and L2 first (to trace the L3 path).")
+
+
 def _error(status: int, err: HicacheError) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"code": err.code, "message": err.message, "hint": err.hint}})
 
@@ -64,6 +71,13 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.post("/v1/prefetch")
     def prefetch(req: PromptRequest) -> dict:
         return cache.prefetch(req.input_ids, req.extra_key, req.cache_salt).to_json()
+
+    @app.post("/v1/trace/{kind}")
+    def trace(kind: str, req: TraceRequest) -> dict:
+        """Run the write or read path of one prompt on this instance, step by step."""
+        if kind not in ("write", "read"):
+            raise InputError(f"trace kind {kind!r} is neither write nor read.")
+        return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush)
 
     @app.post("/flush_cache")
     def flush_cache() -> dict:

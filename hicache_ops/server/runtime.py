@@ -139,6 +139,22 @@ class Runtime:
             mooncake=self.store is not None,
         ).to_json()
 
+    def trace(self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False) -> dict:
+        """Trace the write or read path of a prompt on this instance (same shape as embedded runs)."""
+        from ..trace import trace_read, trace_write
+        from ..trace_run import TraceRun, diagnosis_causes
+
+        if flush:
+            self.cache.flush()
+        run = TraceRun(kind, None, scenario={"serve": self.describe(), "flushed": flush})
+        if kind == "write":
+            run.steps = trace_write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
+        else:
+            metrics = self.started.get("metrics_address")
+            diagnose = (lambda: diagnosis_causes(tokens, self.spec, metrics, extra_key, cache_salt)) if metrics else None
+            run.steps = trace_read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
+        return run.to_json()
+
     def metrics_text(self) -> str:
         from .metrics import render_metrics
 

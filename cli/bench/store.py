@@ -1,0 +1,61 @@
+"""`hicache bench store`: our store client's batch put/get beside raw Mooncake, in one run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hicache_ops.errors import InputError
+
+from ..options import JsonOption
+from ..output import emit, reporting, stdout
+
+
+def _size(text: str) -> tuple[int, int]:
+    """COUNTxBYTES with an optional K/M suffix on BYTES (KiB, MiB): 256x256K, 64x4M."""
+    count_text, sep, size_text = text.lower().partition("x")
+    mult = {"k": 1024, "m": 1024**2}.get(size_text[-1:], 1)
+    if mult > 1:
+        size_text = size_text[:-1]
+    if not sep or not count_text.isdigit() or not size_text.isdigit():
+        raise InputError(f"--case {text!r} is not COUNTxBYTES.", hint="Write it like 256x256K or 64x4M.")
+    return int(count_text), int(size_text) * mult
+
+
+def _render(data: dict) -> None:
+    stdout.print(
+        f"store client vs raw Mooncake, same process, median of {data['rounds']} interleaved rounds",
+        highlight=False,
+    )
+    for case in data["cases"]:
+        size = case["object_bytes"]
+        label = f"{case['objects']} x {size // 1024**2} MiB" if size % 1024**2 == 0 else f"{case['objects']} x {size // 1024} KiB"
+        stdout.print(
+            f"  {label:<16} put  ours {case['put_ours_gbps']:6.2f} GB/s  raw {case['put_raw_gbps']:6.2f} GB/s  "
+            f"ratio {case['put_ratio']:.3f}",
+            highlight=False,
+        )
+        stdout.print(
+            f"  {'':<16} get  ours {case['get_ours_gbps']:6.2f} GB/s  raw {case['get_raw_gbps']:6.2f} GB/s  "
+            f"ratio {case['get_ratio']:.3f}",
+            highlight=False,
+        )
+    verdict = "meets" if data["meets_goal"] else "misses"
+    stdout.print(f"  lowest ratio {data['min_ratio']:.3f} ({verdict} the goal {data['goal']})", highlight=False)
+
+
+def store(
+    case: Annotated[
+        list[str] | None,
+        typer.Option("--case", help="COUNTxBYTES per batch, repeatable [default: 256x256K and 64x4M].", show_default=False),
+    ] = None,
+    rounds: Annotated[int, typer.Option("--rounds", help="Timed rounds per side (interleaved); the median counts.")] = 9,
+    json_output: JsonOption = False,
+) -> None:
+    """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process."""
+    with reporting(json_output):
+        from hicache_ops.bench_store import DEFAULT_CASES, bench_store
+
+        cases = [_size(c) for c in case] if case else list(DEFAULT_CASES)
+        emit(bench_store(cases, rounds=rounds), json_output, _render)

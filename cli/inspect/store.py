@@ -1,0 +1,108 @@
+"""`hicache inspect store`: health, segments and SGLang key groups of a Mooncake master."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from ..options import JsonOption
+from ..output import emit, reporting, stderr, stdout
+
+MasterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--master",
+        help="The master's admin HTTP address HOST:METRICS_PORT "
+        "[default: MOONCAKE_MASTER's host and MOONCAKE_MASTER_METRICS_PORT (9003), else 127.0.0.1:9003].",
+        show_default=False,
+    ),
+]
+
+
+def default_master() -> str:
+    """HOST:METRICS_PORT from MOONCAKE_MASTER (host only) and MOONCAKE_MASTER_METRICS_PORT."""
+    from hicache_ops.mooncake.net import format_host_port, parse_host_port
+
+    port = os.environ.get("MOONCAKE_MASTER_METRICS_PORT", "9003")
+    host = "127.0.0.1"
+    if os.environ.get("MOONCAKE_MASTER"):
+        host, _ = parse_host_port(os.environ["MOONCAKE_MASTER"], what="MOONCAKE_MASTER", default_port=0)
+    return format_host_port(host, int(port)) if port.isdigit() else f"{host}:{port}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _render(data: dict) -> None:
+    health = data["health"]
+    state = "ready" if data["ready"] else "NOT READY"
+    stdout.print(
+        f"[bold]master[/] {data['master']}  {state}  role {health.get('role', '?')}  "
+        f"state {health.get('ha_state', '?')}",
+        highlight=False,
+    )
+    segs = data["segments"]
+    pct = 100.0 * data["used_bytes"] / data["capacity_bytes"] if data["capacity_bytes"] else 0.0
+    stdout.print(
+        f"[bold]segments[/] {len(segs)}  capacity {human_bytes(data['capacity_bytes'])}  "
+        f"used {human_bytes(data['used_bytes'])} ({pct:.1f}%)",
+        highlight=False,
+    )
+    for seg in segs:
+        stdout.print(
+            f"    {seg['name']}  {seg['protocol']}  {seg['status']}  {human_bytes(seg['size_bytes'])}  "
+            f"used {human_bytes(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)",
+            highlight=False,
+        )
+    if not segs:
+        stdout.print("    (none mounted: no client holds data for this master)", highlight=False)
+    scope = f"  matching {data['prefix_filter']!r}: {data['matched_keys']}" if data["prefix_filter"] else ""
+    stdout.print(
+        f"[bold]keys[/] {data['key_count']}{scope}  SGLang warm-up {data['warmup_keys']}  "
+        f"other {data['other_keys']}  prefix groups {data['group_count']}",
+        highlight=False,
+    )
+    for group in data["groups"]:
+        suffixes = ", ".join(f"{s} {n}" for s, n in group["suffixes"].items())
+        stdout.print(
+            f"[bold]prefix[/] {group['prefix'] or '(none)'}  {group['kind']}  {group['pages']} pages  "
+            f"{group['objects']} objects  complete {group['complete_pages']}/{group['pages']}"
+            + (f"  K/V incomplete {group['kv_incomplete_pages']}" if group["kv_incomplete_pages"] else ""),
+            highlight=False,
+        )
+        stdout.print(f"    suffixes {suffixes}", highlight=False)
+        for row in group["incomplete"]:
+            stdout.print(
+                f"    [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
+                f"missing {' '.join(row['missing'])}",
+                highlight=False,
+            )
+    for key in data["other_key_samples"]:
+        stdout.print(f"[dim]other[/] {key}", highlight=False)
+    if data["truncated"]:
+        stderr.print(f"[dim]note:[/] lists cut at --limit {data['limit']}; counts are complete.", highlight=False)
+
+
+def store(
+    master: MasterOption = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option("--prefix", help="Only keys starting with this (e.g. 'Qwen-Qwen3-0.6B_').", show_default=False),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Longest list shown (groups, pages, keys); counts stay exact.")] = 20,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the master.")] = 3.0,
+    json_output: JsonOption = False,
+) -> None:
+    """Health, segments and keys of a Mooncake master, grouped the way SGLang names objects."""
+    with reporting(json_output):
+        from hicache_ops.inspect_store import inspect_store
+
+        data = inspect_store(master or default_master(), prefix=prefix, limit=limit, timeout=timeout)
+        emit(data, json_output, _render)

@@ -1,0 +1,63 @@
+"""`hicache tap`: the SGLang flags that record every Mooncake storage call of a live server."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hicache_ops.tap import launch_plan, parse_extra_config
+
+from .options import JsonOption
+from .output import emit, reporting, stderr, stdout
+
+
+def _render(plan: dict) -> None:
+    stdout.print("[bold]Add to the SGLang launch command:[/]", highlight=False)
+    # Plain, unwrapped text: the flags must copy-paste exactly.
+    print(plan["command_line"], flush=True)
+    rec = plan["recording"]
+    if rec["per_rank"]:
+        stdout.print(f"[bold]recording[/] one file per rank: {', '.join(rec['files'])}", highlight=False)
+    else:
+        stdout.print(f"[bold]recording[/] {rec['path']}", highlight=False)
+    stdout.print(f"[bold]kept from your extra-config[/] {', '.join(plan['kept_keys']) or '(nothing given)'}",
+                 highlight=False)
+    stdout.print(f"[bold]then[/] {plan['show']}", highlight=False)
+    for note in plan["notes"]:
+        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def tap(
+    extra_config: Annotated[
+        str | None,
+        typer.Option(
+            "--extra-config",
+            help="Your current --hicache-storage-backend-extra-config (JSON, or @FILE.json); "
+            "its keys are kept next to the tap's.",
+            show_default=False,
+        ),
+    ] = None,
+    path: Annotated[
+        str | None,
+        typer.Option(
+            "--path",
+            help="Recording file on the server host (default: $TMPDIR/hicache-tap.jsonl); "
+            "several ranks add .tpN before .jsonl.",
+            show_default=False,
+        ),
+    ] = None,
+    tp_size: Annotated[int, typer.Option("--tp-size", help="The server's TP size (names the per-rank files).")] = 1,
+    pp_size: Annotated[int, typer.Option("--pp-size", help="The server's PP size (names the per-rank files).")] = 1,
+    no_objects: Annotated[
+        bool,
+        typer.Option("--no-objects", help="Record page keys only, not each Mooncake object key and code."),
+    ] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Print the SGLang flags that load the tap: SGLang's MooncakeStore with every call recorded."""
+    with reporting(json_output):
+        plan = launch_plan(
+            parse_extra_config(extra_config), path=path, tp_size=tp_size, pp_size=pp_size, objects=not no_objects
+        )
+        emit(plan, json_output, _render)

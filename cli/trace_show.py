@@ -1,0 +1,123 @@
+"""`hicache trace show`: summarise a tap recording (registered on the `trace` group)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from hicache_ops.tap_report import show as show_summary
+
+from .options import JsonOption
+from .output import emit, reporting, stdout
+
+QUERY_ROWS = 20
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else (f"{x:g}" if isinstance(x, float) else str(x))
+
+
+def _method_table(title: str, methods: dict) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("method", "calls", "errors", "pages", "bytes", "p50 ms", "p90 ms", "p99 ms", "max ms"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in methods.items():
+        lat = m["latency_ms"]
+        table.add_row(name, str(m["calls"]), str(m["errors"]), str(m["pages"]), str(m["bytes"]),
+                      _fmt(lat["p50"]), _fmt(lat["p90"]), _fmt(lat["p99"]), _fmt(lat["max"]))
+    return table
+
+
+def _render(s: dict) -> None:
+    src = s["source"]
+    when = ""
+    if src["first_ts"] is not None:
+        start = datetime.fromtimestamp(src["first_ts"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = f"  from {start} over {src['span_s']} s"
+    stdout.print(
+        f"[bold]{src['records']}[/] records, {src['storage_calls']} storage calls, "
+        f"ranks {', '.join(src['ranks']) or '-'}, pids {', '.join(map(str, src['pids'])) or '-'}{when}",
+        highlight=False,
+    )
+    for o in src["opens"]:
+        state = f"[red]failed: {o['error']}[/]" if o.get("error") else "opened"
+        stdout.print(f"  {o['rank']} pid {o['pid']}: {state}  model {o.get('model_name') or '-'}  "
+                     f"key prefix {o.get('key_prefix') or '(none)'}  master {o.get('master') or '-'}",
+                     highlight=False)
+    if s["methods"]:
+        stdout.print(_method_table("calls per method", s["methods"]))
+    if len(s["ranks"]) > 1:
+        for label, methods in s["ranks"].items():
+            stdout.print(_method_table(f"rank {label}", methods))
+
+    q = s["queries"]
+    if q["count"]:
+        stdout.print(
+            f"[bold]storage-hit prefix[/] {q['count']} queries: {q['full_hits']} full, {q['partial_hits']} partial, "
+            f"{q['misses']} miss; {q['pages_hit']}/{q['pages_asked']} pages hit (ratio {_fmt(q['hit_ratio'])})",
+            highlight=False,
+        )
+        table = Table(title_justify="left")
+        for col in ("seq", "rank", "hit/asked", "first page key"):
+            table.add_column(col)
+        rows = q["per_query"]
+        for item in rows[-QUERY_ROWS:]:
+            table.add_row(str(item["seq"]), item["rank"], f"{item['hit_pages']}/{item['pages']}",
+                          (item["first_key"] or "-")[:16])
+        if len(rows) > QUERY_ROWS:
+            stdout.print(f"  (last {QUERY_ROWS} of {len(rows)}; --json lists them all)", highlight=False)
+        stdout.print(table)
+
+    f = s["failures"]
+    if f["count"]:
+        stdout.print(f"[bold red]failures[/] {f['count']}: "
+                     + ", ".join(f"{k} {n}" for k, n in sorted(f["by_kind"].items())), highlight=False)
+        for item in f["list"][:QUERY_ROWS]:
+            where = f"{item['rank']} seq {item['seq']} {item['method']}"
+            if item["kind"] == "raised":
+                stdout.print(f"  {where}: raised {item['detail']}", highlight=False)
+            else:
+                stdout.print(
+                    f"  {where}: {item['failed_pages']}/{item['pages']} pages failed, first at "
+                    f"{item['first_failed_index']} ({(item['first_failed_key'] or '-')[:16]}): {item['detail']}",
+                    highlight=False,
+                )
+    else:
+        stdout.print("[green]failures[/] none", highlight=False)
+
+    k = s["keys"]
+    p = k["pages"]
+    stdout.print(f"[bold]keys[/] {k['verdict']}", highlight=False)
+    stdout.print(
+        f"  pages written {p['written']}, read ok {p['read_ok']} (of them written here {p['read_ok_written_here']}), "
+        f"read failed {p['read_failed']}, read but never written here {p['read_never_written']}, "
+        f"written never read {p['written_never_read']}",
+        highlight=False,
+    )
+    for key in p["lists"]["read_never_written"]:
+        stdout.print(f"    read, never written: {key}", highlight=False)
+    for key in p["lists"]["read_failed_after_write"]:
+        stdout.print(f"    [red]written, then read failed:[/] {key}", highlight=False)
+    o = k["objects"]
+    if o is not None:
+        stdout.print(
+            f"  objects put {o['put']}, already present at set {o['present_at_set']}, got {o['get_ok']} "
+            f"(put here {o['get_ok_put_here']}), get failed {o['get_failed']} "
+            f"(put here {o['get_failed_put_here']}; codes {o['get_failed_codes'] or '-'})",
+            highlight=False,
+        )
+
+
+def show(
+    files: Annotated[
+        list[str],
+        typer.Argument(help="Tap recording(s): one per rank, as `hicache tap` names them.", show_default=False),
+    ],
+    json_output: JsonOption = False,
+) -> None:
+    """Summarise a tap recording: calls, hit prefixes, failures, keys written vs read, latencies."""
+    with reporting(json_output):
+        emit(show_summary(files), json_output, _render)

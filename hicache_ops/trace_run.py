@@ -1,0 +1,187 @@
+"""Run a trace against the embedded engine, optionally with a known fault injected on purpose.
+
+A read trace is a cross-instance story: a writer instance writes the prompt to L3 through a
+Mooncake master, and a fresh reader instance (its own pools and store client, the same master)
+traces the read. Each fault changes the writer, the reader, or the objects between them, and
+shows at which step the path breaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from .engine.builder import EngineSpec, build_bytes
+from .errors import InputError
+from .inspect_keys import Deployment
+from .trace import INFO, Step, trace_read, trace_write
+
+# fault -> (the trace kinds it applies to, what it does)
+FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "missing-v": (("read",), "remove the `_v` object of the prompt's second page after the write"),
+    "tp-rank-mismatch": (("read",), "the writer runs tp-size 1, the reader tp-size 2 (rank 1 finds no `_1_` objects)"),
+    "salt-mismatch": (("read",), "the writer sends cache_salt 'tenant-a', the reader sends none"),
+    "version-mismatch": (("read",), "the writer uses SGLang 0.5.14's keys, the reader 0.5.23's"),
+    "below-threshold": (("read",), "the reader's prompt is shorter than the prefetch threshold"),
+    "write-back-no-eviction": (("write", "read"), "the writer uses write_back and never evicts"),
+    "prefetch-timeout": (("read",), "L3 reads take 0.5 s per page and the reader's stop policy is timeout"),
+    "corrupted-object": (("read",), "the `_k` object of the prompt's second page is overwritten with other bytes"),
+}
+
+
+@dataclass
+class TraceRun:
+    kind: str
+    inject: str | None
+    scenario: dict = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def failed_step(self) -> Step | None:
+        return next((s for s in self.steps if s.status == "FAIL"), None)
+
+    def to_json(self) -> dict:
+        failed = self.failed_step
+        return {
+            "kind": self.kind,
+            "inject": self.inject,
+            "scenario": self.scenario,
+            "ok": failed is None,
+            "failed_step": failed.to_json() if failed else None,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+def check_fault(kind: str, inject: str | None) -> None:
+    if inject is None:
+        return
+    if inject not in FAULTS:
+        raise InputError(f"fault {inject!r} is unknown.", hint=f"Use one of: {', '.join(FAULTS)}.")
+    kinds, _ = FAULTS[inject]
+    if kind not in kinds:
+        raise InputError(f"fault {inject!r} applies to `trace {'/'.join(kinds)}`, not `trace {kind}`.")
+
+
+def _deployment(spec: EngineSpec) -> Deployment:
+    return Deployment(
+        version=spec.sglang_version, model_name=spec.model_name, extra_backend_tag=spec.extra_backend_tag,
+        tp_size=spec.tp_size, mla=spec.geometry.mla, layout=spec.host_layout(mooncake=True).layout,
+        tp_lcm_size=spec.tp_lcm_size,
+    )
+
+
+def diagnosis_causes(tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt) -> list[str]:
+    """Likely causes of an L3 miss, from the live key diff against the master."""
+    from .live_diff import live_diff
+    from .mooncake.admin import AdminClient
+
+    admin = AdminClient(metrics_address)
+    try:
+        diff = live_diff(
+            tokens, spec.page_size, _deployment(spec), admin, extra_key=extra_key, cache_salt=cache_salt,
+            try_cache_salts=["tenant-a"] if cache_salt is None else [],
+        )
+    finally:
+        admin.close()
+    causes = [d["message"] for d in diff.diagnosis]
+    if diff.first_missing:
+        causes.insert(0, f"first missing object: {diff.first_missing}")
+    return causes
+
+
+def run_embedded(
+    kind: str,
+    tokens: list[int],
+    spec: EngineSpec,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+    inject: str | None = None,
+    on_step: Callable[[Step], None] | None = None,
+    segment_bytes: int = 64 * 2**20,
+) -> TraceRun:
+    """Start an embedded master, set the scene for `inject`, and trace `kind` ("write" or "read")."""
+    from .mooncake.master import EmbeddedMaster
+    from .mooncake.store import StoreClient
+
+    if kind not in ("write", "read"):
+        raise InputError(f"trace kind {kind!r} is neither write nor read.")
+    check_fault(kind, inject)
+    run = TraceRun(kind, inject)
+    writer_spec, reader_spec = spec, spec
+    w_salt, r_tokens = cache_salt, tokens
+    if inject == "write-back-no-eviction":
+        writer_spec = replace(spec, write_policy="write_back")
+    elif inject == "tp-rank-mismatch":
+        writer_spec, reader_spec = replace(spec, tp_size=1), replace(spec, tp_size=2)
+    elif inject == "salt-mismatch":
+        w_salt = "tenant-a"
+    elif inject == "version-mismatch":
+        writer_spec = replace(spec, sglang_version="0.5.14")
+    elif inject == "below-threshold":
+        ps = spec.page_size
+        threshold = max(spec.prefetch_threshold, ps)
+        r_tokens = tokens[: max(ps, ((threshold - 1) // ps) * ps)]
+    elif inject == "prefetch-timeout":
+        reader_spec = replace(spec, stop_policy="timeout")
+    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object"):
+        raise InputError(f"fault {inject!r} needs a prompt of at least two pages ({2 * spec.page_size} tokens).")
+
+    with EmbeddedMaster() as master:
+        run.scenario = {
+            "master": master.info(),
+            "fault": FAULTS[inject][1] if inject else None,
+        }
+        clients: list = []
+        try:
+            w_store = StoreClient.connect(master.rpc_address, segment_size=segment_bytes)
+            clients.append(w_store)
+            writer = build_bytes(writer_spec, w_store)
+            if kind == "write":
+                run.scenario["writer"] = _describe(writer_spec, extra_key, cache_salt)
+                run.steps = trace_write(writer, tokens, extra_key=extra_key, cache_salt=cache_salt, on_step=on_step)
+                return run
+            written = writer.prefill(tokens, extra_key, w_salt)
+            run.scenario["writer"] = {**_describe(writer_spec, extra_key, w_salt), "stored_pages": written.stored_pages}
+            _damage(inject, writer, w_store, tokens, extra_key, w_salt)
+            r_store = StoreClient.connect(master.rpc_address, segment_size=segment_bytes)
+            clients.append(r_store)
+            reader = build_bytes(reader_spec, r_store)
+            if inject == "prefetch-timeout":
+                reader.l3.extra_latency_s = 0.5
+            run.scenario["reader"] = _describe(reader_spec, extra_key, cache_salt)
+            intro = Step(0, "scenario", INFO, "writer wrote the prompt through the embedded master; a fresh reader traces the read",
+                         detail=run.scenario)
+            if on_step is not None:
+                on_step(intro)
+            run.steps = trace_read(
+                reader, r_tokens, extra_key=extra_key, cache_salt=cache_salt, on_step=on_step,
+                diagnose=lambda: diagnosis_causes(r_tokens, reader_spec, master.metrics_address, extra_key, cache_salt),
+            )
+            return run
+        finally:
+            for client in clients:
+                client.close()
+
+
+def _describe(spec: EngineSpec, extra_key, cache_salt) -> dict:
+    return {
+        "sglang_version": spec.sglang_version, "tp_size": spec.tp_size, "write_policy": spec.write_policy,
+        "stop_policy": spec.stop_policy, "layout": spec.layout, "model_name": spec.model_name,
+        "extra_key": extra_key, "cache_salt": cache_salt, "prefetch_threshold": spec.prefetch_threshold,
+    }
+
+
+def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
+    """Change the objects between write and read, for the faults that do."""
+    if inject not in ("missing-v", "corrupted-object"):
+        return
+    _, storage_keys = writer.keys_for(__import__("numpy").asarray(tokens), extra_key, cache_salt)
+    scheme = writer.l3.schemes[0]
+    k_key, v_key = scheme.object_keys(storage_keys[1])[:2]
+    if inject == "missing-v":
+        store.remove_keys([v_key], prefix=scheme.prefix or v_key, force=True)
+    else:
+        data = bytearray(store.get(k_key))
+        data[0] ^= 0xFF
+        store.put(k_key, bytes(data), upsert=True)

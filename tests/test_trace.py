@@ -1,0 +1,122 @@
+"""`hicache trace write|read`: every step's check, each injected fault caught at the right step,
+against the embedded engine and against a running serve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from serve_process import Serve
+from typer.testing import CliRunner
+
+from hicache_ops.cli.main import app
+from hicache_ops.engine.builder import EngineSpec
+from hicache_ops.trace_run import FAULTS, run_embedded
+
+runner = CliRunner()
+TOKENS = list(range(2000, 2200))  # 12 whole pages of 16 and 8 trailing tokens
+SPEC = EngineSpec(page_size=16, device_tokens=1024, prefetch_threshold=64)
+
+WRITE_STEPS = ["compute", "write policy", "device to host", "backed-up ack", "page keys", "object keys",
+               "batch_is_exist", "batch_put_from", "verify on master"]
+READ_STEPS = ["local match", "prefetch decision", "batch_exists", "batch_get_into", "stop policy", "insert",
+              "load back", "device bytes"]
+
+
+def test_healthy_write_path_passes_every_step():
+    run = run_embedded("write", TOKENS, SPEC)
+    assert [s.name for s in run.steps] == WRITE_STEPS
+    assert all(s.status == "PASS" for s in run.steps)
+    put = next(s for s in run.steps if s.name == "batch_put_from")
+    assert len(put.detail["objects"]) == 24 and all(o["code"] == 0 for o in put.detail["objects"])
+
+
+def test_healthy_read_path_reuses_the_prefix_across_instances():
+    run = run_embedded("read", TOKENS, SPEC)
+    assert [s.name for s in run.steps] == READ_STEPS
+    assert all(s.status == "PASS" for s in run.steps), [(s.name, s.summary) for s in run.steps]
+    final = run.steps[-1].detail
+    assert final["storage_hit"] == 192 and final["computed"] == 8 and final["mismatched_pages"] == 0
+
+
+EXPECTED_FAILURE = {
+    ("read", "missing-v"): ("batch_exists", "_0_v"),
+    ("read", "tp-rank-mismatch"): ("batch_exists", "_1_k"),
+    ("read", "salt-mismatch"): ("batch_exists", "cache_salt='tenant-a'"),
+    ("read", "version-mismatch"): ("batch_exists", "prefix"),
+    ("read", "below-threshold"): ("prefetch decision", "threshold"),
+    ("read", "write-back-no-eviction"): ("batch_exists", "first missing object"),
+    ("read", "prefetch-timeout"): ("stop policy", "budget"),
+    ("read", "corrupted-object"): ("batch_get_into", "corrupted"),
+    ("write", "write-back-no-eviction"): ("write policy", "evicted"),
+}
+
+
+def test_every_fault_has_an_expectation():
+    assert {f for _, f in EXPECTED_FAILURE} == set(FAULTS)
+
+
+@pytest.mark.parametrize("kind, fault", sorted(EXPECTED_FAILURE))
+def test_injected_fault_stops_at_the_right_step(kind, fault):
+    step_name, cause_fragment = EXPECTED_FAILURE[(kind, fault)]
+    run = run_embedded(kind, TOKENS, SPEC, inject=fault)
+    failed = run.failed_step
+    assert failed is not None and failed.name == step_name, [(s.name, s.status) for s in run.steps]
+    assert run.steps[-1] is failed  # reporting stops at the first failing step
+    assert any(cause_fragment in c for c in failed.causes) or cause_fragment in failed.summary, failed.causes
+
+
+def test_cli_json_lines_and_exit_codes():
+    result = runner.invoke(app, ["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--json"])
+    assert result.exit_code == 0, result.stdout
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["name"] for r in records] == WRITE_STEPS
+    assert set(records[0]) >= {"step", "name", "status", "detail", "elapsed_ms"}
+    result = runner.invoke(
+        app, ["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--prefetch-threshold", "64", "--inject", "missing-v", "--json"]
+    )
+    assert result.exit_code == 1
+    assert json.loads(result.stdout.splitlines()[-1])["status"] == "FAIL"
+
+
+def test_cli_step_mode_waits_for_enter():
+    result = runner.invoke(app, ["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--step"], input="\n" * 20)
+    assert result.exit_code == 0
+    assert "verify on master" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["read", "--inject", "nope"], "unknown"),
+        (["write", "--inject", "missing-v"], "applies to"),
+        (["read", "--inject", "missing-v", "--serve", "http://127.0.0.1:1"], "embedded engine only"),
+        (["read", "--flush"], "--flush applies to --serve"),
+        (["read", "--hicache-write-policy", "sometimes"], "write policy"),
+    ],
+)
+def test_cli_bad_input_exits_2(args, fragment):
+    kind, *rest = args
+    result = runner.invoke(app, ["trace", kind, "--tokens", ",".join(map(str, TOKENS)), *rest, "--json"])
+    assert result.exit_code == 2, result.stdout
+    assert fragment in json.loads(result.stdout)["error"]["message"]
+
+
+def test_against_a_running_serve(tmp_path):
+    serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64")
+    try:
+        ids = ",".join(map(str, TOKENS))
+        write = runner.invoke(app, ["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        assert write.exit_code == 0, write.stdout
+        local = runner.invoke(app, ["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
+        assert json.loads(local.stdout.splitlines()[0])["status"] == "INFO"  # served from L1
+        read = runner.invoke(app, ["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
+        assert read.exit_code == 0, read.stdout
+        assert [json.loads(line)["name"] for line in read.stdout.splitlines()] == READ_STEPS
+    finally:
+        serve.stop()
+
+
+def test_unreachable_serve_exits_3():
+    result = runner.invoke(app, ["trace", "read", "--tokens", "1,2,3", "--serve", "http://127.0.0.1:1", "--json"])
+    assert result.exit_code == 3
