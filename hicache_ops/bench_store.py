@@ -1,0 +1,137 @@
+"""`hicache bench store`: our StoreClient's batch put/get beside raw Mooncake calls, in one process.
+
+An embedded master and one segment-owning client; the same registered buffers, the same batch
+shapes (default 256 x 256 KiB and 64 x 4 MiB), rounds interleaved (ours then raw, raw then ours,
+...) so both sides see the same machine. Puts write fresh keys each round (Mooncake's put does
+not overwrite) and the round's keys are removed afterwards, untimed. Ratio = our throughput /
+raw throughput from the median round of each side; the goal is >= 0.95.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .errors import CheckFailed, InputError
+
+DEFAULT_CASES: tuple[tuple[int, int], ...] = ((256, 256 * 1024), (64, 4 * 1024 * 1024))
+
+
+@dataclass
+class CaseResult:
+    count: int
+    size: int
+    put_ours_s: list[float] = field(default_factory=list)
+    put_raw_s: list[float] = field(default_factory=list)
+    get_ours_s: list[float] = field(default_factory=list)
+    get_raw_s: list[float] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.size
+
+    def _gbps(self, times: list[float]) -> float:
+        return self.nbytes / statistics.median(times) / 1e9
+
+    def to_json(self) -> dict:
+        put_ours, put_raw = self._gbps(self.put_ours_s), self._gbps(self.put_raw_s)
+        get_ours, get_raw = self._gbps(self.get_ours_s), self._gbps(self.get_raw_s)
+        return {
+            "objects": self.count,
+            "object_bytes": self.size,
+            "batch_bytes": self.nbytes,
+            "rounds": len(self.put_ours_s),
+            "put_ours_gbps": put_ours,
+            "put_raw_gbps": put_raw,
+            "put_ratio": put_ours / put_raw,
+            "get_ours_gbps": get_ours,
+            "get_raw_gbps": get_raw,
+            "get_ratio": get_ours / get_raw,
+        }
+
+
+def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int = 9) -> dict:
+    """Measure every (objects, bytes per object) case; returns JSON-ready results with ratios."""
+    import numpy as np
+
+    from .mooncake.master import EmbeddedMaster
+    from .mooncake.store import StoreClient
+
+    if rounds < 1 or not cases or any(c < 1 or s < 1 for c, s in cases):
+        raise InputError("--rounds and every case's object count and size must be >= 1.")
+    largest = max(c * s for c, s in cases)
+    # Room for one round of both sides plus the get set, with head-room under the eviction watermark.
+    segment = max(64 << 20, 4 * largest)
+    results: list[CaseResult] = []
+    with EmbeddedMaster() as master:
+        client = StoreClient.connect(master.rpc_address, segment_size=segment)
+        try:
+            raw = client.raw
+            src = np.random.default_rng(0).integers(0, 256, size=largest, dtype=np.uint8)
+            dst = np.zeros(largest, dtype=np.uint8)
+            client.register_buffer(src.ctypes.data, src.nbytes)
+            client.register_buffer(dst.ctypes.data, dst.nbytes)
+            for count, size in cases:
+                res = CaseResult(count, size)
+                ptrs = [src.ctypes.data + i * size for i in range(count)]
+                outs = [dst.ctypes.data + i * size for i in range(count)]
+                sizes = [size] * count
+                tag = f"hicache-bench/{count}x{size}/"
+                # Puts: fresh keys per round and side; one untimed warm-up round.
+                for r in range(rounds + 1):
+                    ours_keys = [f"{tag}put/ours/{r}/{i}" for i in range(count)]
+                    raw_keys = [f"{tag}put/raw/{r}/{i}" for i in range(count)]
+                    sides = [("ours", ours_keys), ("raw", raw_keys)]
+                    if r % 2:
+                        sides.reverse()
+                    for side, keys in sides:
+                        t0 = time.perf_counter()
+                        codes = (
+                            client.batch_put_from(keys, ptrs, sizes)
+                            if side == "ours"
+                            else raw.batch_put_from(keys, ptrs, sizes)
+                        )
+                        elapsed = time.perf_counter() - t0
+                        if any(c != 0 for c in codes):
+                            raise CheckFailed(f"bench put ({side}) failed: codes {sorted(set(codes))}.")
+                        if r:
+                            (res.put_ours_s if side == "ours" else res.put_raw_s).append(elapsed)
+                    client.remove_prefix(f"{tag}put/", force=True)
+                # Gets: one set of objects, read by both sides in turn.
+                get_keys = [f"{tag}get/{i}" for i in range(count)]
+                codes = client.batch_put_from(get_keys, ptrs, sizes)
+                if any(c != 0 for c in codes):
+                    raise CheckFailed(f"bench get set-up failed: codes {sorted(set(codes))}.")
+                for r in range(rounds + 1):
+                    sides = ["ours", "raw"] if r % 2 == 0 else ["raw", "ours"]
+                    for side in sides:
+                        dst[: count * size] = 0
+                        t0 = time.perf_counter()
+                        got = (
+                            client.batch_get_into(get_keys, outs, sizes)
+                            if side == "ours"
+                            else raw.batch_get_into(get_keys, outs, sizes)
+                        )
+                        elapsed = time.perf_counter() - t0
+                        if any(g != size for g in got):
+                            raise CheckFailed(f"bench get ({side}) failed: results {sorted(set(got))[:4]}.")
+                        if r:
+                            (res.get_ours_s if side == "ours" else res.get_raw_s).append(elapsed)
+                if not np.array_equal(dst[: count * size], src[: count * size]):
+                    raise CheckFailed("bench get read back other bytes than were written.")
+                client.remove_prefix(f"{tag}get/", force=True)
+                results.append(res)
+        finally:
+            client.close()
+    cases_json = [r.to_json() for r in results]
+    worst = min(min(c["put_ratio"], c["get_ratio"]) for c in cases_json)
+    return {
+        "rounds": rounds,
+        "segment_bytes": segment,
+        "cases": cases_json,
+        "min_ratio": worst,
+        "goal": 0.95,
+        "meets_goal": worst >= 0.95,
+    }
