@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from hicache_ops.tap_report import show as show_summary
@@ -17,13 +18,14 @@ QUERY_ROWS = 20
 
 
 def _fmt(x) -> str:
-    return "-" if x is None else (f"{x:g}" if isinstance(x, float) else str(x))
+    return "-" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))
 
 
 def _method_table(title: str, methods: dict) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("method", "calls", "errors", "pages", "bytes", "p50 ms", "p90 ms", "p99 ms", "max ms"):
-        table.add_column(col, justify="left" if col == "method" else "right")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("method", no_wrap=True, min_width=15)
+    for col in ("calls", "errors", "pages", "bytes", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, m in methods.items():
         lat = m["latency_ms"]
         table.add_row(name, str(m["calls"]), str(m["errors"]), str(m["pages"]), str(m["bytes"]),
@@ -48,10 +50,10 @@ def _render(s: dict) -> None:
                      f"key prefix {o.get('key_prefix') or '(none)'}  master {o.get('master') or '-'}",
                      highlight=False)
     if s["methods"]:
-        stdout.print(_method_table("calls per method", s["methods"]))
+        stdout.print(_method_table("calls per method (latency in ms)", s["methods"]))
     if len(s["ranks"]) > 1:
         for label, methods in s["ranks"].items():
-            stdout.print(_method_table(f"rank {label}", methods))
+            stdout.print(_method_table(f"rank {label} (latency in ms)", methods))
 
     q = s["queries"]
     if q["count"]:
@@ -60,7 +62,7 @@ def _render(s: dict) -> None:
             f"{q['misses']} miss; {q['pages_hit']}/{q['pages_asked']} pages hit (ratio {_fmt(q['hit_ratio'])})",
             highlight=False,
         )
-        table = Table(title_justify="left")
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("seq", "rank", "hit/asked", "first page key"):
             table.add_column(col)
         rows = q["per_query"]
