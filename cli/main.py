@@ -7,8 +7,9 @@ import sys
 
 import typer
 
-from . import bench, inspect, serve, trace
+from . import bench, inspect, prefetch, serve, trace, warm
 from . import tap as tap_command
+from . import te as te_command
 from .output import DEBUG_ENV, stderr
 
 app = typer.Typer(
@@ -23,6 +24,9 @@ app.add_typer(bench.app, name="bench")
 app.command("serve")(serve.serve)
 app.add_typer(trace.app, name="trace")
 app.command("tap")(tap_command.tap)
+app.command("warm")(warm.warm)
+app.command("prefetch")(prefetch.prefetch)
+app.add_typer(te_command.app, name="te")
 
 
 def run() -> None:

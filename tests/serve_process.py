@@ -21,6 +21,7 @@ class Serve:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.output = tmp / "serve.out"  # a file, not a pipe: a full pipe would block the server
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(

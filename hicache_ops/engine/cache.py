@@ -267,10 +267,12 @@ class TieredCache:
         self._backup_to_l3(nodes)
         return len(nodes)
 
-    def _backup_to_l3(self, nodes: list[PageNode]) -> None:
+    def _backup_to_l3(self, nodes: list[PageNode], *, recheck: bool = False) -> None:
+        """Write host-resident nodes to L3; `recheck` includes nodes believed stored (the
+        write asks batch_is_exist first, so present objects are not put again)."""
         if self.l3 is None:
             return
-        nodes = [n for n in nodes if n.on_host and not n.stored]
+        nodes = [n for n in nodes if n.on_host and (recheck or not n.stored)]
         if not nodes:
             return
         for node in nodes:
@@ -298,8 +300,14 @@ class TieredCache:
         cache_salt: str | None = None,
         *,
         with_keys: bool = False,
+        force_backup: bool = False,
         observer: Callable[[str, dict], None] | None = None,
     ) -> PrefillResult:
+        """Serve one request; the result's breakdown adds up to the prompt's tokens.
+
+        `force_backup` backs every whole page up to host and L3 now, whatever the write policy,
+        and re-puts objects missing from L3 even where the tree believes them stored (warming).
+        """
         cfg = self.config
         ps = cfg.page_size
         arr = as_token_array(tokens, cfg.sglang_version)
@@ -314,11 +322,11 @@ class TieredCache:
         with self.lock:
             self._observer = observer
             try:
-                return self._prefill(arr, n_pages, extra_key, cache_salt, with_keys)
+                return self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
             finally:
                 self._observer = None
 
-    def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys) -> PrefillResult:
+    def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys, force_backup=False) -> PrefillResult:
         cfg, ps = self.config, self.config.page_size
         t0 = time.perf_counter()
         self._last_backup_bytes = 0
@@ -390,7 +398,9 @@ class TieredCache:
                 node.hit_count += 1
             self.tree.touch(path)
             due = []
-            if self._write_threshold is not None:
+            if force_backup:
+                due = [n for n in path if not n.backed_up]
+            elif self._write_threshold is not None:
                 due = [n for n in path if not n.backed_up and n.hit_count >= self._write_threshold]
             self._emit(
                 "write_policy", policy=cfg.write_policy, threshold=self._write_threshold, path=path, due=due,
@@ -399,7 +409,7 @@ class TieredCache:
                 result.backed_up_pages = self._backup_to_host(due)
             if self.l3 is not None:
                 # Pages backed up earlier whose L3 write has not happened yet (e.g. L3 was down).
-                self._backup_to_l3([n for n in path if n.on_host and not n.stored])
+                self._backup_to_l3(path, recheck=force_backup)
             result.stored_pages = sum(1 for n in path if n.stored)
             timings["backup"] = (time.perf_counter() - t) * 1e3
         finally:

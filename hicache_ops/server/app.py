@@ -26,6 +26,7 @@ class PromptRequest(BaseModel):
     extra_key: str | None = None
     cache_salt: str | None = None
     return_keys: bool = Field(False, description="Include the L3 page keys in the response.")
+    backup: bool = Field(False, description="Back every whole page up to host and L3 now, whatever the write policy.")
 
 
 class TraceRequest(BaseModel):
@@ -65,7 +66,7 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.post("/v1/prefill")
     def prefill(req: PromptRequest) -> dict:
-        result = cache.prefill(req.input_ids, req.extra_key, req.cache_salt, with_keys=req.return_keys)
+        result = cache.prefill(req.input_ids, req.extra_key, req.cache_salt, with_keys=req.return_keys, force_backup=req.backup)
         return result.to_json(with_keys=req.return_keys)
 
     @app.post("/v1/prefetch")

@@ -58,8 +58,14 @@ class ServeClient:
             return response.text
         return response.json()
 
-    def prefill(self, input_ids: list[int], extra_key: str | None = None, cache_salt: str | None = None, return_keys: bool = False) -> dict:
-        body = {"input_ids": list(map(int, input_ids)), "extra_key": extra_key, "cache_salt": cache_salt, "return_keys": return_keys}
+    def prefill(
+        self, input_ids: list[int], extra_key: str | None = None, cache_salt: str | None = None,
+        return_keys: bool = False, backup: bool = False,
+    ) -> dict:
+        body = {
+            "input_ids": list(map(int, input_ids)), "extra_key": extra_key, "cache_salt": cache_salt,
+            "return_keys": return_keys, "backup": backup,
+        }
         return self._call("POST", "/v1/prefill", json=body)
 
     def prefetch(self, input_ids: list[int], extra_key: str | None = None, cache_salt: str | None = None) -> dict:

@@ -1,0 +1,177 @@
+"""`hicache warm`: fill an L3 namespace with prompts (through a serve or a real SGLang server)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hicache_ops.errors import InputError
+
+from .options import (
+    CacheSaltOption,
+    ExtraBackendTagOption,
+    ExtraKeyOption,
+    JsonOption,
+    ModelNameOption,
+    PageSizeOption,
+    SglangVersionOption,
+    TokenizerOption,
+)
+from .output import emit, reporting, stderr, stdout
+
+_STYLE = {"written": "green", "present": "cyan", "no_page": "yellow", "not_landed": "bold red", "failed": "bold red", "pending": "dim"}
+
+
+def _render(data: dict) -> None:
+    table = Table(title=f"warm {data['target']}" + (" (dry run)" if data["dry_run"] else ""))
+    for col in ("prompt", "tokens", "pages", "objects", "status", "bytes", "note"):
+        table.add_column(col, justify="right" if col in ("tokens", "pages", "objects", "bytes") else "left")
+    for p in data["prompts"]:
+        note = p["reason"] or (f"first missing {p['first_missing']}" if p["first_missing"] else "")
+        table.add_row(p["source"], str(p["tokens"]), str(p["pages"]), str(p["objects"]),
+                      f"[{_STYLE[p['status']]}]{p['status']}[/]", f"{p['bytes']:,}", note)
+    stdout.print(table)
+    s = data["summary"]
+    stdout.print(
+        f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
+        f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; {s['bytes']:,} bytes",
+        highlight=False,
+    )
+    if data["error"]:
+        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", highlight=False)
+
+
+def warm(
+    prompts: Annotated[str | None, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", show_default=False)] = None,
+    tokenizer: TokenizerOption = None,
+    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance to warm through.")] = "http://127.0.0.1:18080",
+    sglang_url: Annotated[str | None, typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead.", show_default=False)] = None,
+    master: Annotated[str | None, typer.Option("--master", help="Mooncake master HOST:METRICS_PORT (with --sglang-url or --migrate-prefix).", show_default=False)] = None,
+    model_name: ModelNameOption = None,
+    extra_backend_tag: ExtraBackendTagOption = None,
+    extra_key: ExtraKeyOption = None,
+    cache_salt: CacheSaltOption = None,
+    sglang_version: SglangVersionOption = None,
+    page_size: PageSizeOption = 64,
+    tp_size: Annotated[int, typer.Option("--tp-size", help="With --sglang-url: the server's attention TP size.")] = 1,
+    mla: Annotated[bool, typer.Option("--mla", help="With --sglang-url: an MLA model.")] = False,
+    prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="With --sglang-url: the server's prefetch threshold (for the report).")] = 256,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.")] = 4,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
+    synthetic: Annotated[bool, typer.Option("--synthetic", help="Allow synthetic KV into an existing Mooncake cluster.")] = False,
+    migrate_prefix: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--migrate-prefix", help="Re-key page objects from prefix FROM to TO ('' = unprefixed) instead of warming.", show_default=False),
+    ] = None,
+    remove_old: Annotated[bool, typer.Option("--remove-old", help="With --migrate-prefix: remove the originals once verified.")] = False,
+    rpc: Annotated[
+        str | None,
+        typer.Option("--rpc", envvar="MOONCAKE_MASTER", help="With --migrate-prefix: the master's HOST:RPC_PORT (default $MOONCAKE_MASTER).", show_default=False),
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Fill an L3 namespace with prompts and verify every object landed; reruns resume."""
+    with reporting(json_output):
+        if migrate_prefix is not None:
+            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, json_output)
+            return
+        if prompts is None:
+            raise InputError("give a PROMPTS file (JSONL with input_ids), or --migrate-prefix FROM TO.")
+        if concurrency < 1:
+            raise InputError(f"--concurrency {concurrency} must be >= 1.")
+        if remove_old:
+            raise InputError("--remove-old only applies to --migrate-prefix.")
+        from hicache_ops.tokens import Tokenizer, read_prompts
+
+        items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
+        with _progress(len(items), json_output) as advance:
+            if sglang_url is not None:
+                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, sglang_version, page_size,
+                                      tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency, dry_run, advance)
+            else:
+                from hicache_ops.server.client import ServeClient
+                from hicache_ops.warm import warm_serve
+
+                expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag, "sglang_version": sglang_version}
+                with ServeClient(serve, timeout_s=300) as client:
+                    report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
+                                        concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
+        data = report.to_json()
+        emit(data, json_output, _render)
+        if report.error:
+            raise typer.Exit(3)
+        if not report.complete and not dry_run:
+            raise typer.Exit(1)
+
+
+def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, advance):
+    from hicache_ops.inspect_keys import Deployment
+    from hicache_ops.versions import default_version, validate_version
+    from hicache_ops.warm import warm_sglang
+
+    if master is None:
+        raise InputError("--sglang-url needs --master HOST:METRICS_PORT to check what SGLang wrote.")
+    deployment = Deployment(version=validate_version(version or default_version()), model_name=model_name,
+                            extra_backend_tag=tag, tp_size=tp_size, mla=mla)
+    return warm_sglang(items, url, master, deployment, page_size, extra_key=extra_key, cache_salt=cache_salt,
+                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, on_progress=advance)
+
+
+def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
+    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.warm import migrate_prefix
+
+    if master is None or rpc is None:
+        raise InputError(
+            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --rpc HOST:RPC_PORT (copying)."
+        )
+
+    from .output import native_stderr_to_file
+
+    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0) as store:
+        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run)
+    data = report.to_json()
+
+    def render(d: dict) -> None:
+        stdout.print(
+            f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> {d['target_prefix'] or '(unprefixed)'}: "
+            f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed {d['removed']}, "
+            f"failed {len(d['failed'])}" + (" (dry run)" if d["dry_run"] else ""),
+            highlight=False,
+        )
+
+    emit(data, json_output, render)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+class _progress:
+    """A progress bar on stderr (none in JSON mode); yields a callback per finished prompt."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.quiet = total, quiet
+        self.pages = self.bytes = 0
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda outcome: None
+        self.bar = Progress(
+            TextColumn("warm"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[pages]} pages {task.fields[mb]:.1f} MB"),
+            TimeElapsedColumn(), console=stderr, transient=True,
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("warm", total=self.total, pages=0, mb=0.0)
+
+        def advance(outcome) -> None:
+            self.pages += outcome.pages
+            self.bytes += outcome.bytes
+            self.bar.update(self.task, advance=1, pages=self.pages, mb=self.bytes / 1e6)
+
+        return advance
+
+    def __exit__(self, *exc) -> None:
+        if not self.quiet:
+            self.bar.stop()

@@ -1,0 +1,74 @@
+"""`hicache prefetch`: ask a serve instance to pull prompts from L3 into its host pool, and say
+per prompt what came back, how long it took, and what each stop policy would have made of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .engine import policy as pol
+from .tokens import Prompt
+
+
+@dataclass
+class PrefetchRow:
+    index: int
+    source: str
+    tokens: int
+    local_tokens: int  # already on device or host: not fetched
+    considered_tokens: int
+    hit_pages: int
+    fetched_pages: int
+    bytes: int
+    seconds: float
+    budget_s: float
+    verified: bool
+    reason: str
+    policies: dict = field(default_factory=dict)  # policy -> {"deadline_s", "cut"}
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def prefetch_prompts(
+    prompts: Sequence[Prompt],
+    client,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+    on_progress: Callable[[PrefetchRow], None] | None = None,
+) -> tuple[dict, list[PrefetchRow]]:
+    """Prefetch each prompt on the serve instance; returns (the serve's config, one row per prompt)."""
+    config = client.stats()["config"]
+    admission = config["admission_s"]
+    rows = []
+    for i, prompt in enumerate(prompts):
+        ek = extra_key if extra_key is not None else prompt.extra_key
+        cs = cache_salt if cache_salt is not None else prompt.cache_salt
+        r = client.prefetch(prompt.input_ids, ek, cs)
+        info = r["prefetch"]
+        elapsed = info["elapsed_s"]
+        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(info["hit_pages"] * config["page_size"], config["sglang_version"])
+        row = PrefetchRow(
+            index=i,
+            source=prompt.source or f"prompt {i + 1}",
+            tokens=r["prompt_tokens"],
+            local_tokens=r["device_hit"] + r["host_hit"],
+            considered_tokens=info["considered_tokens"],
+            hit_pages=info["hit_pages"],
+            fetched_pages=info["completed_pages"],
+            bytes=info["bytes"],
+            seconds=r["timings_ms"].get("prefetch", 0.0) / 1e3,
+            budget_s=budget,
+            verified=r["mismatched_pages"] == 0,
+            reason=info["reason"],
+        )
+        if info["hit_pages"]:
+            for policy in pol.STOP_POLICIES:
+                deadline = pol.stop_deadline(policy, budget, admission)
+                # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
+                row.policies[policy] = {"deadline_s": None if deadline == float("inf") else deadline, "cut": elapsed > deadline}
+        rows.append(row)
+        if on_progress:
+            on_progress(row)
+    return config, rows

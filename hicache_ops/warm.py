@@ -1,0 +1,381 @@
+"""`hicache warm`: fill an L3 namespace with prompts, verify every object landed, resume on rerun.
+
+Two targets:
+- a `hicache serve` instance: each prompt is prefilled with a forced backup (every whole page to
+  host and L3, whatever the serve's write policy), then the expected objects are checked on the
+  serve's master. The KV is the serve's synthetic reference KV, so a serve whose L3 is an existing
+  Mooncake cluster is warmed only with `synthetic=True`: synthetic KV in a production cache
+  would be served to real requests.
+- a real SGLang server: each prompt goes to /generate with max_new_tokens 1 and SGLang writes to
+  L3 itself (if its write policy allows); the objects are then checked on the master.
+
+Prompts whose objects are all present already are skipped, so a rerun resumes an interrupted warm.
+`migrate_prefix` re-keys existing objects after a key-prefix change, without recomputing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from .errors import HicacheError, InputError, UnreachableError
+from .inspect_keys import Deployment, expected_keys
+from .tokens import Prompt
+
+WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING = "written", "present", "no_page", "not_landed", "failed", "pending"
+
+
+@dataclass
+class PromptOutcome:
+    index: int
+    source: str
+    tokens: int
+    pages: int
+    objects: int
+    status: str = PENDING
+    present_objects: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    first_missing: str | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class WarmReport:
+    target: str
+    deployment: dict
+    dry_run: bool
+    prompts: list[PromptOutcome] = field(default_factory=list)
+    error: str | None = None  # why the warm stopped early, if it did
+
+    def count(self, status: str) -> int:
+        return sum(1 for p in self.prompts if p.status == status)
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and all(p.status in (WRITTEN, PRESENT, NO_PAGE) for p in self.prompts)
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "deployment": self.deployment,
+            "dry_run": self.dry_run,
+            "complete": self.complete,
+            "error": self.error,
+            "summary": {s: self.count(s) for s in (WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING)}
+            | {"pages": sum(p.pages for p in self.prompts), "bytes": sum(p.bytes for p in self.prompts)},
+            "prompts": [p.to_json() for p in self.prompts],
+        }
+
+
+Progress = Callable[[PromptOutcome], None]
+
+
+def deployment_of_serve(config: dict) -> Deployment:
+    """The key scheme a serve instance writes with (from its /v1/stats config)."""
+    return Deployment(
+        version=config["sglang_version"], model_name=config["model_name"], extra_backend_tag=config["extra_backend_tag"],
+        tp_size=config["tp_size"], mla=config["geometry"]["attention"] == "mla", layout=config["host_layout"],
+    )
+
+
+def _plan(prompts: Sequence[Prompt], page_size: int, deployment: Deployment, extra_key, cache_salt):
+    plans = []
+    for i, prompt in enumerate(prompts):
+        ek = extra_key if extra_key is not None else prompt.extra_key
+        cs = cache_salt if cache_salt is not None else prompt.cache_salt
+        report = expected_keys(prompt.input_ids, page_size, deployment, extra_key=ek, cache_salt=cs)
+        outcome = PromptOutcome(i, prompt.source or f"prompt {i + 1}", len(prompt.input_ids), len(report.pages), len(report.object_keys))
+        if not report.pages:
+            outcome.status = NO_PAGE
+            outcome.reason = f"{len(prompt.input_ids)} tokens are less than one page of {page_size}: it produces no page"
+        plans.append((prompt, ek, cs, report, outcome))
+    return plans
+
+
+def _mark_present(plans, admin) -> None:
+    todo = [p for p in plans if p[4].status == PENDING]
+    keys = [k for p in todo for k in p[3].object_keys]
+    exists = admin.exists(keys) if keys else []
+    at = 0
+    for _, _, _, report, outcome in todo:
+        flags = exists[at : at + outcome.objects]
+        at += outcome.objects
+        outcome.present_objects = sum(flags)
+        if all(flags):
+            outcome.status = PRESENT
+            outcome.reason = "every object already in L3 (skipped)"
+
+
+def _verify(outcome: PromptOutcome, report, admin) -> None:
+    flags = admin.exists(report.object_keys)
+    outcome.present_objects = sum(flags)
+    if all(flags):
+        outcome.status = WRITTEN
+    else:
+        outcome.status = NOT_LANDED
+        outcome.first_missing = report.object_keys[flags.index(False)]
+
+
+def warm_serve(
+    prompts: Sequence[Prompt],
+    client,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+    expect: dict | None = None,
+    concurrency: int = 4,
+    dry_run: bool = False,
+    synthetic: bool = False,
+    on_progress: Progress | None = None,
+) -> WarmReport:
+    """Warm a serve instance's L3. `expect` holds namespace flags the user gave, which must agree
+    with the serve's (model_name, extra_backend_tag, sglang_version)."""
+    from .mooncake.admin import AdminClient
+
+    config = client.stats()["config"]
+    for name, value in (expect or {}).items():
+        if value is not None and config.get(name) != value:
+            raise InputError(
+                f"--{name.replace('_', '-')} {value!r} differs from the serve's {config.get(name)!r}; "
+                "the serve writes with its own key scheme.",
+                hint="Drop the flag, or start the serve with it.",
+            )
+    if config["l3"] == "none":
+        raise InputError("the serve instance has no L3 (started with --l3 none); there is nothing to warm.")
+    if config["l3"] == "mooncake" and not synthetic and not dry_run:
+        raise InputError(
+            "the serve's L3 is an existing Mooncake cluster, and warming it writes synthetic KV that real "
+            "requests would then reuse.",
+            hint="Pass --synthetic if that cluster is a test cluster, or warm through a real SGLang server with --sglang-url.",
+        )
+    deployment = deployment_of_serve(config)
+    report = WarmReport(client.url, {**deployment.__dict__, "master": config["master_metrics_address"]}, dry_run)
+    plans = _plan(prompts, config["page_size"], deployment, extra_key, cache_salt)
+    report.prompts = [p[4] for p in plans]
+    with AdminClient(config["master_metrics_address"]) as admin:
+        _mark_present(plans, admin)
+        for plan in plans:
+            if plan[4].status != PENDING and on_progress:
+                on_progress(plan[4])
+        todo = [p for p in plans if p[4].status == PENDING]
+        if dry_run:
+            for p in todo:
+                p[4].reason = f"would write {p[4].objects - p[4].present_objects} missing object(s)"
+            return report
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def one(plan) -> None:
+            prompt, ek, cs, keys, outcome = plan
+            if stop.is_set():
+                return
+            start = time.perf_counter()
+            try:
+                result = client.prefill(prompt.input_ids, ek, cs, backup=True)
+            except UnreachableError:
+                stop.set()
+                raise
+            except HicacheError as exc:
+                outcome.status, outcome.reason = FAILED, exc.message
+                return
+            outcome.seconds = time.perf_counter() - start
+            outcome.bytes = result["bytes_written_to_l3"]
+            with lock:
+                _verify(outcome, keys, admin)
+            if outcome.status == NOT_LANDED:
+                outcome.reason = "the serve acknowledged the prefill but objects are missing on the master"
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            futures = {pool.submit(one, plan): plan for plan in todo}
+            for future in as_completed(futures):
+                outcome = futures[future][4]
+                try:
+                    future.result()
+                except UnreachableError as exc:
+                    report.error = exc.message
+                if on_progress and outcome.status != PENDING:
+                    on_progress(outcome)
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# A real SGLang server
+# --------------------------------------------------------------------------------------------
+
+
+def warm_sglang(
+    prompts: Sequence[Prompt],
+    sglang_url: str,
+    master: str,
+    deployment: Deployment,
+    page_size: int,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+    prefetch_threshold: int = 256,
+    concurrency: int = 4,
+    dry_run: bool = False,
+    settle_s: float = 5.0,
+    on_progress: Progress | None = None,
+) -> WarmReport:
+    """Send each prompt to SGLang's /generate (max_new_tokens 1); check its objects on `master`."""
+    import httpx
+
+    from .mooncake.admin import AdminClient
+
+    if not sglang_url.startswith(("http://", "https://")):
+        raise InputError(f"--sglang-url {sglang_url!r} must start with http:// or https://.")
+    report = WarmReport(sglang_url, {**deployment.__dict__, "master": master}, dry_run)
+    plans = _plan(prompts, page_size, deployment, extra_key, cache_salt)
+    report.prompts = [p[4] for p in plans]
+    with AdminClient(master) as admin, httpx.Client(base_url=sglang_url.rstrip("/"), timeout=httpx.Timeout(120, connect=3)) as http:
+        _mark_present(plans, admin)
+        todo = [p for p in plans if p[4].status == PENDING]
+        if dry_run:
+            return report
+
+        def send(plan) -> None:
+            prompt, ek, cs, _, outcome = plan
+            body = {"input_ids": prompt.input_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            if ek is not None:
+                body["extra_key"] = ek
+            if cs is not None:
+                body["cache_salt"] = cs
+            start = time.perf_counter()
+            try:
+                response = http.post("/generate", json=body)
+            except httpx.TransportError as exc:
+                raise UnreachableError(f"the SGLang server at {sglang_url} did not answer /generate ({type(exc).__name__}).") from None
+            outcome.seconds = time.perf_counter() - start
+            if response.status_code >= 400:
+                outcome.status, outcome.reason = FAILED, f"/generate answered HTTP {response.status_code}: {response.text[:200]}"
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            for future in as_completed([pool.submit(send, p) for p in todo]):
+                future.result()
+        # SGLang backs pages up asynchronously: give the writes a moment to land.
+        deadline = time.monotonic() + settle_s
+        while True:
+            for _, _, _, keys, outcome in todo:
+                if outcome.status in (PENDING, NOT_LANDED):
+                    _verify(outcome, keys, admin)
+            if all(p[4].status != NOT_LANDED for p in todo) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for prompt, ek, cs, keys, outcome in todo:
+            if outcome.status == NOT_LANDED:
+                outcome.reason = _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs, prefetch_threshold)
+            if on_progress:
+                on_progress(outcome)
+    return report
+
+
+def _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs, prefetch_threshold) -> str:
+    from .live_diff import live_diff
+
+    diff = live_diff(prompt.input_ids, page_size, deployment, admin, extra_key=ek, cache_salt=cs, report=keys)
+    reasons = [d["message"] for d in diff.diagnosis if d["kind"] != "not_found"]
+    if not reasons:
+        reasons.append(
+            "nothing related is in L3: the write policy has not backed these pages up yet "
+            "(write_through_selective waits for a second hit, write_back for GPU eviction)"
+        )
+    if len(prompt.input_ids) < prefetch_threshold:
+        reasons.append(f"the prompt is shorter than the prefetch threshold ({prefetch_threshold}): no instance would prefetch it anyway")
+    return "; ".join(reasons)
+
+
+# --------------------------------------------------------------------------------------------
+# Re-keying after a prefix change
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MigrationReport:
+    source_prefix: str
+    target_prefix: str
+    objects: int = 0
+    copied: int = 0
+    already_there: int = 0
+    verified: int = 0
+    removed: int = 0
+    failed: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _is_page_object(rest: str) -> bool:
+    """`{64 hex page key}_{suffix}`: an SGLang page object once its prefix is stripped."""
+    if len(rest) < 66 or rest[64] != "_":
+        return False
+    return all(c in "0123456789abcdef" for c in rest[:64])
+
+
+def migrate_prefix(
+    master: str,
+    store,
+    source: str,
+    target: str,
+    *,
+    remove_old: bool = False,
+    dry_run: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> MigrationReport:
+    """Copy every page object `{source}{page_key}_{suffix}` to `{target}{page_key}_{suffix}`,
+    verify the copy byte for byte, and remove the originals only with `remove_old`.
+
+    `source` may be "" for unprefixed keys (SGLang 0.5.14 without a tag). Resumable: a target
+    that already holds the same bytes counts as done.
+    """
+    from .mooncake.admin import AdminClient
+
+    if source == target:
+        raise InputError("--migrate-prefix FROM and TO are the same prefix.")
+    for name, value in (("FROM", source), ("TO", target)):
+        if value and not value.endswith("_"):
+            raise InputError(f"--migrate-prefix {name} {value!r} should end with '_' as SGLang's prefixes do.",
+                             hint="For example Qwen-Qwen3-0.6B_ (empty for unprefixed keys).")
+    with AdminClient(master) as admin:
+        keys = [k for k in admin.get_all_keys() if k.startswith(source) and _is_page_object(k[len(source):])]
+    report = MigrationReport(source, target, objects=len(keys), dry_run=dry_run)
+    if dry_run or not keys:
+        return report
+    targets = [target + k[len(source):] for k in keys]
+    present = store.batch_is_exist(targets)
+    for i, (old, new) in enumerate(zip(keys, targets)):
+        data = store.get(old)
+        if not data:
+            report.failed.append(old)
+            continue
+        if present[i]:
+            if store.get(new) != data:
+                report.failed.append(new)
+                continue
+            report.already_there += 1
+        else:
+            store.put(new, data)
+            report.copied += 1
+        if store.get(new) != data:
+            report.failed.append(new)
+            continue
+        report.verified += 1
+        if on_progress:
+            on_progress(i + 1, len(keys))
+    if remove_old and not report.failed:
+        scope = source or None
+        if scope is None:
+            # Unprefixed page objects share no prefix string; remove them key by key, each one checked.
+            codes = [store.remove_keys([k], prefix=k[:65], force=True)[0] for k in keys]
+        else:
+            codes = store.remove_keys(keys, prefix=scope, force=True)
+        report.removed = sum(1 for c in codes if c == 0)
+    return report

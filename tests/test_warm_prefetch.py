@@ -1,0 +1,193 @@
+"""`hicache warm` and `hicache prefetch` against real serve processes and a real Mooncake master."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from serve_process import Serve
+from typer.testing import CliRunner
+
+from hicache_ops.cli.main import app
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.server.client import ServeClient
+from hicache_ops.tokens import read_prompts
+from hicache_ops.warm import warm_serve
+
+runner = CliRunner()
+SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
+
+
+def write_prompts(path, n: int, seed: int, length: int = 100) -> str:
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"input_ids": rng.integers(0, 60_000, size=length).tolist()}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    s = Serve(tmp_path_factory.mktemp("warm-serve"), *SERVE_ARGS)
+    yield s
+    s.stop()
+
+
+def warm_json(*args) -> tuple[int, dict]:
+    result = runner.invoke(app, ["warm", *args, "--json"])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_warm_then_inspect_keys_finds_every_page_and_rerun_skips(serve, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 5, seed=1)
+    code, data = warm_json(prompts, "--serve", serve.url)
+    assert code == 0, data
+    assert data["summary"]["written"] == 5 and data["complete"]
+    metrics = serve.info["master_metrics_address"]
+    for line in range(1, 6):
+        result = runner.invoke(app, [
+            "inspect", "keys", "--tokens-file", prompts, "--line", str(line), "--page-size", "16",
+            "--model-name", "hicache/tiny", "--sglang-version", serve.info["sglang_version"], "--master", metrics, "--json",
+        ])
+        assert result.exit_code == 0, result.stdout
+        assert json.loads(result.stdout)["contiguous_pages"] == 6
+    code, again = warm_json(prompts, "--serve", serve.url)
+    assert code == 0 and again["summary"]["present"] == 5 and again["summary"]["written"] == 0
+
+
+def test_dry_run_writes_nothing_and_short_prompts_produce_no_page(serve, tmp_path):
+    prompts = write_prompts(tmp_path / "dry.jsonl", 2, seed=2)
+    with open(prompts, "a") as f:
+        f.write(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+    code, data = warm_json(prompts, "--serve", serve.url, "--dry-run")
+    assert code == 0
+    statuses = [p["status"] for p in data["prompts"]]
+    assert statuses == ["pending", "pending", "no_page"]
+    assert "produces no page" in data["prompts"][2]["reason"]
+    with ServeClient(serve.url) as client:
+        before = client.stats()["stats"]["requests"]
+    code, data = warm_json(prompts, "--serve", serve.url, "--dry-run")
+    with ServeClient(serve.url) as client:
+        assert client.stats()["stats"]["requests"] == before
+
+
+def test_prefetch_figures_agree_with_serve_stats(serve, tmp_path):
+    prompts = write_prompts(tmp_path / "pf.jsonl", 3, seed=3, length=160)
+    assert warm_json(prompts, "--serve", serve.url)[0] == 0
+    with ServeClient(serve.url) as client:
+        client.flush()
+        before = client.stats()["stats"]
+    result = runner.invoke(app, ["prefetch", prompts, "--serve", serve.url, "--json"])
+    assert result.exit_code == 0, result.stdout
+    rows = json.loads(result.stdout)["prompts"]
+    with ServeClient(serve.url) as client:
+        after = client.stats()["stats"]
+    assert all(r["fetched_pages"] == 10 and r["verified"] for r in rows)
+    assert after["storage_hit"] - before["storage_hit"] == sum(r["fetched_pages"] * 16 for r in rows)
+    assert after["bytes_l3_read"] - before["bytes_l3_read"] == sum(r["bytes"] for r in rows)
+    assert set(rows[0]["policies"]) == {"best_effort", "wait_complete", "timeout"}
+    assert rows[0]["policies"]["wait_complete"]["deadline_s"] is None
+    # Now the pages are local: a second prefetch fetches nothing.
+    result = runner.invoke(app, ["prefetch", prompts, "--serve", serve.url, "--json"])
+    assert all(r["local_tokens"] == 160 and r["fetched_pages"] == 0 for r in json.loads(result.stdout)["prompts"])
+
+
+def test_warm_interrupted_by_killing_the_master_reports_and_a_rerun_completes(tmp_path):
+    prompts = read_prompts(write_prompts(tmp_path / "kill.jsonl", 6, seed=4))
+    first = Serve(tmp_path / "a", *SERVE_ARGS)
+    try:
+        master_pid = first.info["master_pid"]
+        done = []
+
+        def kill_after_two(outcome):
+            done.append(outcome)
+            if len(done) == 2:
+                os.kill(master_pid, signal.SIGKILL)
+
+        with ServeClient(first.url) as client:
+            started = time.monotonic()
+            report = warm_serve(prompts, client, concurrency=1, on_progress=kill_after_two)
+        assert time.monotonic() - started < 60  # no hang on a dead master
+        assert report.error is not None and ("master" in report.error.lower() or "mooncake" in report.error.lower())
+        assert report.count("written") == 2
+        assert report.count("pending") + report.count("failed") == 4
+    finally:
+        first.stop()
+    # A fresh serve (a restarted master has lost every key): the rerun writes everything.
+    second = Serve(tmp_path / "b", *SERVE_ARGS)
+    try:
+        with ServeClient(second.url) as client:
+            report = warm_serve(prompts, client, concurrency=2)
+        assert report.complete and report.count("written") == 6
+    finally:
+        second.stop()
+
+
+def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
+    from hicache_ops.mooncake.store import StoreClient
+
+    rpc, metrics = serve.info["master_rpc_address"], serve.info["master_metrics_address"]
+    prompts = write_prompts(tmp_path / "mig.jsonl", 1, seed=5, length=48)
+    assert warm_json(prompts, "--serve", serve.url)[0] == 0
+    with AdminClient(metrics) as admin:
+        old = [k for k in admin.get_all_keys() if k.startswith("hicache-tiny_")]
+    with StoreClient.connect(rpc) as store:
+        original = {k: store.get(k) for k in old}
+    result = runner.invoke(app, ["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc, "--json"])
+    assert result.exit_code == 0, result.stdout
+    data = json.loads(result.stdout)
+    assert data["copied"] == len(old) and data["verified"] == len(old) and data["removed"] == 0
+    with StoreClient.connect(rpc) as store:
+        for key, value in original.items():
+            assert store.get("renamed_" + key[len("hicache-tiny_"):]) == value  # byte for byte
+    # Resumable: the second run finds the copies in place; --remove-old then drops the originals.
+    result = runner.invoke(app, ["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc,
+                                 "--remove-old", "--json"])
+    data = json.loads(result.stdout)
+    assert data["already_there"] == len(old) and data["removed"] == len(old)
+    with AdminClient(metrics) as admin:
+        assert not any(k.startswith("hicache-tiny_") for k in admin.get_all_keys())
+
+
+@pytest.mark.parametrize(
+    "args, code, fragment",
+    [
+        (["--serve", "http://127.0.0.1:1"], 3, "no hicache serve answers"),
+        (["--concurrency", "0"], 2, "--concurrency"),
+        (["--remove-old"], 2, "--remove-old"),
+        (["--sglang-url", "http://127.0.0.1:1"], 2, "--master"),
+    ],
+)
+def test_bad_input_and_unreachable(tmp_path, args, code, fragment):
+    prompts = write_prompts(tmp_path / "x.jsonl", 1, seed=6)
+    started = time.monotonic()
+    result = runner.invoke(app, ["warm", prompts, *args, "--json"])
+    assert result.exit_code == code, result.stdout
+    assert fragment in json.loads(result.stdout)["error"]["message"]
+    assert time.monotonic() - started < 5
+
+
+def test_malformed_jsonl_names_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [1, 2]}\n{"input_ids": [1,\n')
+    for cmd in (["warm", str(bad)], ["prefetch", str(bad)]):
+        result = runner.invoke(app, [*cmd, "--json"])
+        assert result.exit_code == 2
+        assert "bad.jsonl:2" in json.loads(result.stdout)["error"]["message"]
+
+
+def test_existing_cluster_needs_synthetic(serve, tmp_path):
+    rpc, metrics = serve.info["master_rpc_address"], serve.info["master_metrics_address"]
+    other = Serve(tmp_path, *SERVE_ARGS, "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
+    try:
+        prompts = write_prompts(tmp_path / "syn.jsonl", 1, seed=7)
+        code, data = warm_json(prompts, "--serve", other.url)
+        assert code == 2 and "--synthetic" in data["error"]["hint"]
+        code, data = warm_json(prompts, "--serve", other.url, "--synthetic")
+        assert code == 0 and data["summary"]["written"] == 1
+    finally:
+        other.stop()
