@@ -11,6 +11,7 @@ other shape are "other".
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 from .keys import WARMUP_KEY_PREFIX
 from .mooncake.admin import AdminClient
 
-# {prefix}{64 hex}_{rank}_{k|v}; prefix is empty or ends with "_"; rank may be empty (MLA `__k`).
-_OBJECT_KEY = re.compile(r"^(?P<prefix>(?:.*_)?)(?P<page>[0-9a-f]{64})_(?P<rank>[A-Za-z0-9_]*?)_(?P<kv>[kv])$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_RANK_PART = re.compile(r"[A-Za-z0-9]+")
 
 _METRIC_NAMES = (
     "master_key_count",
@@ -44,12 +45,36 @@ class ObjectKeyParts:
         return f"_{self.rank}_{self.kv}"
 
 
-def parse_object_key(key: str) -> ObjectKeyParts | None:
-    """Split an SGLang object key into prefix, page key, rank part and k/v; None for other shapes."""
-    m = _OBJECT_KEY.match(key)
-    if m is None:
+def _split_key(key: str) -> tuple[str, str, str, str] | None:
+    parts = key.split("_")
+    n = len(parts)
+    if n < 3 or parts[-1] not in ("k", "v"):
         return None
-    return ObjectKeyParts(m["prefix"], m["page"], m["rank"], m["kv"])
+    for i in range(n - 3, -1, -1):  # the page key is the last 64-hex part followed by rank and k/v
+        part = parts[i]
+        if len(part) == 64 and _HEX64.fullmatch(part):
+            if i == n - 3:  # the common case: one rank part
+                rank = parts[i + 1]
+                if rank and not _RANK_PART.fullmatch(rank):
+                    return None
+            else:
+                rank_parts = parts[i + 1 : -1]
+                if not all(_RANK_PART.fullmatch(r) for r in rank_parts):
+                    return None
+                rank = "_".join(rank_parts)
+            return ("_".join(parts[:i]) + "_" if i else "", part, rank, parts[-1])
+    return None
+
+
+def parse_object_key(key: str) -> ObjectKeyParts | None:
+    """Split an SGLang object key into prefix, page key, rank part and k/v; None for other shapes.
+
+    Shape: {prefix}{64 hex}_{rank}_{k|v}; the prefix is empty or ends with "_", the rank is
+    "_"-joined alphanumeric parts or empty (MLA `__k`). Split on "_" (no backtracking regex:
+    this runs over every key a master lists).
+    """
+    split = _split_key(key)
+    return None if split is None else ObjectKeyParts(*split)
 
 
 def is_warmup_key(key: str) -> bool:
@@ -61,31 +86,33 @@ class PrefixGroup:
     prefix: str
     objects: int = 0
     pages: dict[str, set[str]] = field(default_factory=dict)  # page key -> suffixes present
+    suffix_counts: Counter = field(default_factory=Counter)
 
     def summary(self, limit: int) -> dict:
-        suffix_counts: Counter[str] = Counter()
         ranks_with_v: set[str] = set()
         ranks: set[str] = set()
-        for suffixes in self.pages.values():
-            suffix_counts.update(suffixes)
-        for suffix in suffix_counts:
+        for suffix in self.suffix_counts:
             rank, kv = suffix[1:-2], suffix[-1]
             ranks.add(rank)
             if kv == "v":
                 ranks_with_v.add(rank)
         expected = sorted({f"_{r}_k" for r in ranks} | {f"_{r}_v" for r in ranks_with_v}, key=_suffix_order)
+        want = len(expected)
         complete = kv_incomplete = 0
         incomplete: list[dict] = []
         for page_key, suffixes in self.pages.items():
-            missing = [s for s in expected if s not in suffixes]
-            if not missing:
+            if len(suffixes) == want:  # every suffix seen is an expected one
                 complete += 1
                 continue
             if any((f"_{r}_k" in suffixes) != (f"_{r}_v" in suffixes) for r in ranks_with_v):
                 kv_incomplete += 1
             if len(incomplete) < limit:
                 incomplete.append(
-                    {"page_key": page_key, "present": sorted(suffixes, key=_suffix_order), "missing": missing}
+                    {
+                        "page_key": page_key,
+                        "present": sorted(suffixes, key=_suffix_order),
+                        "missing": [s for s in expected if s not in suffixes],
+                    }
                 )
         if not ranks_with_v:
             kind = "mla"
@@ -98,12 +125,12 @@ class PrefixGroup:
             "kind": kind,
             "objects": self.objects,
             "pages": len(self.pages),
-            "suffixes": {s: suffix_counts[s] for s in sorted(suffix_counts, key=_suffix_order)},
+            "suffixes": {s: self.suffix_counts[s] for s in sorted(self.suffix_counts, key=_suffix_order)},
             "complete_pages": complete,
             "incomplete_pages": len(self.pages) - complete,
             "kv_incomplete_pages": kv_incomplete,
             "incomplete": incomplete,
-            "page_keys": sorted(self.pages)[:limit],
+            "page_keys": heapq.nsmallest(limit, self.pages),
         }
 
 
@@ -126,15 +153,22 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
         if is_warmup_key(key):
             warmup += 1
             continue
-        parts = parse_object_key(key)
-        if parts is None:
+        split = _split_key(key)
+        if split is None:
             other.append(key)
             continue
-        group = groups.get(parts.prefix)
+        prefix, page_key, rank, kv = split
+        group = groups.get(prefix)
         if group is None:
-            group = groups[parts.prefix] = PrefixGroup(parts.prefix)
+            group = groups[prefix] = PrefixGroup(prefix)
         group.objects += 1
-        group.pages.setdefault(parts.page_key, set()).add(parts.suffix)
+        suffixes = group.pages.get(page_key)
+        if suffixes is None:
+            suffixes = group.pages[page_key] = set()
+        suffix = f"_{rank}_{kv}"
+        if suffix not in suffixes:
+            suffixes.add(suffix)
+            group.suffix_counts[suffix] += 1
     ordered = sorted(groups.values(), key=lambda g: (-g.objects, g.prefix))
     return {
         "prefix_filter": prefix_filter,
@@ -195,8 +229,11 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
 def pages_by_prefix(keys: list[str], page_keys: set[str]) -> dict[str, dict[str, set[str]]]:
     """For the given page keys only: page key -> {prefix -> suffixes present}, from a key listing."""
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    disjoint = page_keys.isdisjoint
     for key in keys:
-        parts = parse_object_key(key)
-        if parts is not None and parts.page_key in page_keys:
-            out[parts.page_key][parts.prefix].add(parts.suffix)
+        if disjoint(key.split("_")):  # cheap filter before parsing: holds no wanted page key
+            continue
+        split = _split_key(key)
+        if split is not None and split[1] in page_keys:
+            out[split[1]][split[0]].add(f"_{split[2]}_{split[3]}")
     return out
