@@ -10,12 +10,19 @@
 
     def test_z(fresh_mooncake_master):         # a master of the test's own (kill it, fill it, ...)
 
+    def test_w(fresh_mooncake_master, freeze_process):
+        freeze_process(fresh_mooncake_master.pid)   # a silent master: SIGSTOP, resumed at teardown
+
 Objects live in the segment of the client that mounted them (FACTS §7): puts from clients that
 mount nothing land in `mooncake_segment_owner`'s segment and outlive those clients. The session
 master is shared: give each test's keys a unique prefix.
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 import pytest
 
@@ -51,3 +58,37 @@ def fresh_mooncake_master():
         yield master
     finally:
         master.stop()
+
+
+@pytest.fixture
+def freeze_process():
+    """freeze(pid): SIGSTOP and wait until every thread is stopped (delivery is asynchronous on a
+    busy host), so the process accepts TCP connections but answers nothing. SIGCONT at teardown."""
+    frozen: list[int] = []
+
+    def freeze(pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+                states = set()
+                for task in tasks:
+                    with open(f"/proc/{pid}/task/{task}/stat") as fh:
+                        states.add(fh.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                return
+            if states <= {"T", "t"}:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"process {pid} did not stop")
+
+    try:
+        yield freeze
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

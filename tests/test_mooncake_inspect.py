@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -26,18 +23,6 @@ from hicache_ops.mooncake.store import StoreClient
 runner = CliRunner()
 HANG_BOUND_S = 5.0
 PK = page_keys(list(range(64)), 16, "0.5.23")  # four page keys
-
-
-def stop_process(pid: int) -> None:
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        states = {open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] for t in tasks}
-        if states <= {"T", "t"}:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not stop")
 
 
 def closed_port() -> int:
@@ -191,26 +176,23 @@ def test_unreachable_master_is_exit_3_fast():
     assert "Traceback" not in result.output
 
 
-def test_silent_master_is_exit_3_within_5s(fresh_mooncake_master):
-    stop_process(fresh_mooncake_master.pid)
-    try:
-        start = time.monotonic()
-        result = invoke("inspect", "store", "--master", fresh_mooncake_master.metrics_address, "--json")
-        assert time.monotonic() - start < HANG_BOUND_S
-        assert result.exit_code == 3
-        error = json.loads(result.stdout)["error"]
-        assert fresh_mooncake_master.metrics_address in error["message"] and "no answer" in error["message"]
-        with pytest.raises(UnreachableError):
-            AdminClient(fresh_mooncake_master.metrics_address, timeout=0.5).get_all_keys()
-    finally:
-        os.kill(fresh_mooncake_master.pid, signal.SIGCONT)
+def test_silent_master_is_exit_3_within_5s(fresh_mooncake_master, freeze_process):
+    freeze_process(fresh_mooncake_master.pid)
+    start = time.monotonic()
+    result = invoke("inspect", "store", "--master", fresh_mooncake_master.metrics_address, "--json")
+    assert time.monotonic() - start < HANG_BOUND_S
+    assert result.exit_code == 3
+    error = json.loads(result.stdout)["error"]
+    assert fresh_mooncake_master.metrics_address in error["message"] and "no answer" in error["message"]
+    with pytest.raises(UnreachableError):
+        AdminClient(fresh_mooncake_master.metrics_address, timeout=0.5).get_all_keys()
 
 
-def test_master_killed_during_a_command_is_exit_3():
+def test_master_killed_during_a_command_is_exit_3(freeze_process):
     """The command is waiting on the master when it dies: a clear exit 3, no hang, no traceback."""
     master = EmbeddedMaster().start()
     try:
-        stop_process(master.pid)  # the command's request sits unanswered ...
+        freeze_process(master.pid)  # the command's request sits unanswered ...
         proc = subprocess.Popen(
             [sys.executable, "-m", "hicache_ops.cli", "inspect", "store", "--master", master.metrics_address, "--timeout", "30"],
             stdout=subprocess.PIPE,

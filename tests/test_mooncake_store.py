@@ -45,18 +45,6 @@ def client(mooncake_master, mooncake_segment_owner):
         c.close()
 
 
-def stop_process(pid: int) -> None:
-    """SIGSTOP and wait until every thread is stopped (delivery is asynchronous on a busy host)."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = {open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] for t in os.listdir(f"/proc/{pid}/task")}
-        if states <= {"T", "t"}:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not stop")
-
-
 def free_closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,17 +239,14 @@ def test_refused_port_fails_fast():
     assert f"127.0.0.1:{port}" in info.value.message and info.value.exit_code == 3
 
 
-def test_silent_master_is_bounded(fresh_mooncake_master):
+def test_silent_master_is_bounded(fresh_mooncake_master, freeze_process):
     """A master that accepts connections but never answers (SIGSTOP): UnreachableError within 5 s."""
-    stop_process(fresh_mooncake_master.pid)
-    try:
-        start = time.monotonic()
-        with pytest.raises(UnreachableError) as info:
-            StoreClient.connect(fresh_mooncake_master.rpc_address)
-        assert time.monotonic() - start < HANG_BOUND_S
-        assert fresh_mooncake_master.rpc_address in info.value.message
-    finally:
-        os.kill(fresh_mooncake_master.pid, signal.SIGCONT)
+    freeze_process(fresh_mooncake_master.pid)
+    start = time.monotonic()
+    with pytest.raises(UnreachableError) as info:
+        StoreClient.connect(fresh_mooncake_master.rpc_address)
+    assert time.monotonic() - start < HANG_BOUND_S
+    assert fresh_mooncake_master.rpc_address in info.value.message
 
 
 def test_master_killed_under_a_client_is_rpc_failure():
@@ -287,19 +272,17 @@ def test_master_killed_under_a_client_is_rpc_failure():
         master.stop()
 
 
-def test_master_silenced_under_a_client_is_bounded():
+def test_master_silenced_under_a_client_is_bounded(freeze_process):
     master = EmbeddedMaster().start()
     try:
         short = StoreClient.connect(master.rpc_address)
         short.batch_is_exist(["x"])
-        stop_process(master.pid)
-        try:
-            start = time.monotonic()
-            with pytest.raises(RpcFailure):  # the RPC timeout set at connect bounds every call
-                short.batch_is_exist(["x"])
-            assert time.monotonic() - start < HANG_BOUND_S
-        finally:
-            os.kill(master.pid, signal.SIGCONT)
+        freeze_process(master.pid)
+        start = time.monotonic()
+        with pytest.raises(RpcFailure):  # the RPC timeout set at connect bounds every call
+            short.batch_is_exist(["x"])
+        assert time.monotonic() - start < HANG_BOUND_S
+        os.kill(master.pid, signal.SIGCONT)
         assert short.batch_is_exist(["x"]) == [False]  # and the client recovers
         short.close()
     finally:
