@@ -52,7 +52,7 @@ class CaseResult:
         }
 
 
-def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int = 9) -> dict:
+def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int = 21) -> dict:
     """Measure every (objects, bytes per object) case; returns JSON-ready results with ratios."""
     import numpy as np
 

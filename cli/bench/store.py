@@ -50,7 +50,7 @@ def store(
         list[str] | None,
         typer.Option("--case", help="COUNTxBYTES per batch, repeatable [default: 256x256K and 64x4M].", show_default=False),
     ] = None,
-    rounds: Annotated[int, typer.Option("--rounds", help="Timed rounds per side (interleaved); the median counts.")] = 9,
+    rounds: Annotated[int, typer.Option("--rounds", help="Timed rounds per side (interleaved); the median counts.")] = 21,
     json_output: JsonOption = False,
 ) -> None:
     """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process."""
