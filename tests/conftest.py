@@ -15,7 +15,8 @@
 
 Objects live in the segment of the client that mounted them (FACTS §7): puts from clients that
 mount nothing land in `mooncake_segment_owner`'s segment and outlive those clients. The session
-master is shared: give each test's keys a unique prefix.
+master is shared: give each test's keys a unique prefix. Master logs go under pytest's tmp_path
+(`master.log_path`), which pytest rotates.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from hicache_ops.mooncake.master import EmbeddedMaster
 
 
 @pytest.fixture(scope="session")
-def mooncake_master():
-    master = EmbeddedMaster()
+def mooncake_master(tmp_path_factory):
+    master = EmbeddedMaster(log_path=tmp_path_factory.mktemp("mooncake-master") / "mooncake_master.log")
     master.start()
     try:
         yield master
@@ -51,8 +52,8 @@ def mooncake_segment_owner(mooncake_master):
 
 
 @pytest.fixture
-def fresh_mooncake_master():
-    master = EmbeddedMaster()
+def fresh_mooncake_master(tmp_path):
+    master = EmbeddedMaster(log_path=tmp_path / "mooncake_master.log")
     master.start()
     try:
         yield master
