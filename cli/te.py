@@ -1,0 +1,152 @@
+"""`hicache te check`: will SGLang's Mooncake store reuse the shared Transfer Engine?"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .options import JsonOption, SglangVersionOption
+from .output import emit, reporting, stderr, stdout
+
+app = typer.Typer(help="The shared Mooncake Transfer Engine: will the HiCache store reuse it?", no_args_is_help=True)
+
+
+def _cell(value: object) -> str:
+    import json
+
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _render(data: dict) -> None:
+    from rich.table import Table
+
+    stdout.print(f"[bold]Shared Transfer Engine reuse[/] (SGLang {data['sglang_version']})", highlight=False)
+    for cond in data["conditions"]:
+        mark = "[green]ok[/]" if cond["ok"] else "[red]NO[/]"
+        stdout.print(
+            f"  {mark}  [bold]{cond['name']}[/]  actual {_cell(cond['actual'])}  expected {_cell(cond['expected'])}",
+            highlight=False,
+        )
+        stdout.print(f"        [dim]why:[/] {cond['why']}", highlight=False)
+    ranks = data["ranks"]
+    if len(ranks) > 1 and len({(_cell(r["store_device_name"]), _cell(r["engine_ib_device"])) for r in ranks}) > 1:
+        per = Table(title="per rank", show_lines=False)
+        for column in ("rank", "store tp rank", "GPU", "store device_name", "engine ib device", "reused"):
+            per.add_column(column)
+        for r in ranks:
+            per.add_row(r["rank"], str(r["store_tp_rank"]), str(r["gpu_id"]), _cell(r["store_device_name"]),
+                        _cell(r["engine_ib_device"]), "[green]yes[/]" if r["eligible"] else "[red]no[/]")
+        stdout.print(per)
+    if data["eligible"]:
+        stdout.print("[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake.", highlight=False)
+    else:
+        stdout.print("[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own.", highlight=False)
+    fix = data["fix"]
+    if fix:
+        stdout.print(f"[bold]fix[/] ({'verified' if fix['verified'] else 'NOT verified'}):", highlight=False)
+        for change in fix["changes"]:
+            stdout.print(f"  - {change['text']}", highlight=False)
+        if fix["alternative"]:
+            stdout.print(f"  [dim]or:[/] {fix['alternative']}", highlight=False)
+        stdout.print(f"[bold]does it matter?[/] {fix['matters']}", highlight=False)
+    live = data.get("live")
+    if live:
+        state = "[green]transfer ok[/]" if live["ok"] else "[red]transfer FAILED[/]"
+        stdout.print(
+            f"[bold]live[/] {state}: master {live['master']}{' (embedded)' if live['embedded_master'] else ''}, "
+            f"engine {live['engine'].get('session')} protocol {live['engine']['protocol']!r}, "
+            f"store hostname {live['store'].get('hostname')} "
+            f"({'the engine passed in' if live.get('uses_shared_engine') else 'NOT the engine passed in'}), "
+            f"{live['seconds']} s",
+            highlight=False,
+        )
+        for t in live.get("transfers", []):
+            stdout.print(f"  {'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s", highlight=False)
+        if live.get("error"):
+            stdout.print(f"  [red]{live['error']}[/]", highlight=False)
+        for note in live.get("notes", []):
+            stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+    for warning in data["warnings"]:
+        stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    for note in data["notes"]:
+        stderr.print(f"[dim]note:[/] {note}", highlight=False)
+
+
+@app.command("check")
+def check(
+    server_args: Annotated[
+        str | None,
+        typer.Option(
+            "--server-args",
+            help="SGLang launch flags as one string, or @FILE / a file holding them "
+            "(default: --enable-hierarchical-cache --hicache-storage-backend mooncake).",
+            show_default=False,
+        ),
+    ] = None,
+    extra_config: Annotated[
+        str | None,
+        typer.Option("--extra-config", help="--hicache-storage-backend-extra-config JSON (or @FILE), when not in --server-args.", show_default=False),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="The Mooncake config file (stands for SGLANG_HICACHE_MOONCAKE_CONFIG_PATH).", show_default=False),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="NAME=VALUE of the deployment's environment, over this shell's (repeatable).", show_default=False),
+    ] = None,
+    sglang_version: SglangVersionOption = None,
+    tp_rank: Annotated[
+        int | None, typer.Option("--tp-rank", help="Only this tp rank (default: every rank of the node).", show_default=False)
+    ] = None,
+    live: Annotated[
+        bool,
+        typer.Option("--live", help="Also prove a transfer through a store client built with engine=te.get_engine() on loopback."),
+    ] = False,
+    master: Annotated[
+        str | None,
+        typer.Option("--master", help="With --live: a running mooncake_master's HOST:RPC_PORT (default: start an embedded one).", show_default=False),
+    ] = None,
+    tcp: Annotated[
+        bool, typer.Option("--tcp", help="With --live: run engine and store over TCP (for machines without RDMA).")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="With --live: seconds for the whole live test.")] = 30.0,
+    json_output: JsonOption = False,
+) -> None:
+    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable."""
+    with reporting(json_output):
+        from hicache_ops.errors import InputError
+        from hicache_ops.te import check_reuse, live_check, parse_env_overrides
+        from hicache_ops.versions import default_version, validate_version
+
+        if not live and (master is not None or tcp):
+            raise InputError("--master and --tcp only apply with --live.", hint="Add --live, or drop them.")
+        if timeout <= 0:
+            raise InputError(f"--timeout {timeout:g} must be positive.")
+        version = validate_version(sglang_version or default_version())
+        overrides = parse_env_overrides(env)
+        report = check_reuse(
+            version,
+            server_args=server_args,
+            extra_config=extra_config,
+            config_file=config,
+            env_overrides=overrides,
+            tp_rank=tp_rank,
+        )
+        if live:
+            import os
+
+            run_env = dict(os.environ)
+            run_env.update(overrides)
+            report.live = live_check(report, master=master, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank)
+        data = report.to_json()
+        emit(data, json_output, _render)
+    if not report.eligible or (report.live is not None and not report.live["ok"]):
+        raise typer.Exit(1)
