@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from . import bench, inspect, prefetch, serve, trace, warm
+from . import bench, inspect, playbook, prefetch, serve, trace, warm
 from . import tap as tap_command
 from . import te as te_command
 from .output import DEBUG_ENV, stderr
@@ -26,6 +26,7 @@ app.add_typer(trace.app, name="trace")
 app.command("tap")(tap_command.tap)
 app.command("warm")(warm.warm)
 app.command("prefetch")(prefetch.prefetch)
+app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
 
 

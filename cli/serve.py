@@ -95,6 +95,9 @@ def serve(
     segment_mb: Annotated[int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).")] = 256,
     device: Annotated[str, typer.Option("--device", help="auto (GPUs when there are tp-size), cpu, or cuda.")] = "auto",
     log_dir: Annotated[str | None, typer.Option("--log-dir", help="Folder for the master's log.", show_default=False)] = None,
+    inject_l3_latency_ms: Annotated[
+        float, typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).")
+    ] = 0.0,
 ) -> None:
     """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
     with reporting(False):
@@ -110,6 +113,8 @@ def serve(
             raise InputError(f"--port {port} is not a TCP port (1-65535).")
         if segment_mb <= 0:
             raise InputError(f"--segment-mb {segment_mb} must be > 0.")
+        if inject_l3_latency_ms < 0:
+            raise InputError(f"--inject-l3-latency-ms {inject_l3_latency_ms} must be >= 0.")
         spec = EngineSpec(
             geometry=geometry,
             page_size=page_size,
@@ -134,13 +139,13 @@ def serve(
             stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
 
         with native_stderr_to_file(log_dir) as native_log:
-            _run(spec, target, segment_mb, log_dir, host, port, native_log)
+            _run(spec, target, segment_mb, log_dir, host, port, native_log, inject_l3_latency_ms / 1e3)
 
 
-def _run(spec, target, segment_mb: int, log_dir: str | None, host: str, port: int, native_log: str) -> None:
+def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float) -> None:
     from hicache_ops.server.runtime import Runtime
 
-    runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir).start()
+    runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
     try:
         import uvicorn
 

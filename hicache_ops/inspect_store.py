@@ -212,13 +212,16 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
         keys = admin.get_all_keys()
     grouped = group_keys(keys, prefix_filter=prefix or None, limit=limit)
     ready = bool(health.get("service_ready", health.get("status") == "ok"))
+    capacity = sum(s["size_bytes"] for s in segments)
+    used = sum(s["used_bytes"] for s in segments)
     return {
         "master": admin.address,
         "ready": ready,
         "health": health,
         "segments": segments,
-        "capacity_bytes": sum(s["size_bytes"] for s in segments),
-        "used_bytes": sum(s["used_bytes"] for s in segments),
+        "capacity_bytes": capacity,
+        "used_bytes": used,
+        "used_fraction": used / capacity if capacity else None,
         "key_count": len(keys),
         "metrics": {name: metrics[name] for name in _METRIC_NAMES if name in metrics},
         "limit": limit,

@@ -11,6 +11,8 @@ finding becomes a diagnosis entry:
   other_prefix     the same page keys under another prefix (model name or extra_backend_tag)
   mla_vs_mha       the same page keys with the other attention kind's suffixes (`__k` vs `_0_k/_0_v`)
   other_rank       the same page keys for tp/pp ranks other than the expected ones
+  missing_ranks    every missing page has all objects of some expected ranks and none of the
+                   others (a writer with a smaller TP/PP layout)
   other_version    the objects the other SGLang version would write (prefix and/or page keys)
   other_namespace  the page keys of another extra_key / cache_salt (0.5.23 seeds the chain)
   not_found        none of the above: never written, evicted, lost in a master restart, or gone
@@ -136,6 +138,29 @@ def live_diff(
                 "message": f"page {contiguous} holds {have} of its {len(partial)} objects; "
                 f"{first_missing} is missing, so SGLang's batch_exists stops at {contiguous} pages.",
                 "hint": "An interrupted write, an object evicted or removed on its own, or one rank that did not write.",
+            }
+        )
+    # Some ranks wrote every missing page and others none: a writer with another TP/PP layout.
+    flag_of = dict(zip(flat, exists))
+    rank_complete: dict[str, bool] = {}
+    for scheme in deployment.schemes():
+        label = f"tp{scheme.tp_rank}" + (f"/pp{scheme.pp_rank}" if scheme.pp_size > 1 else "")
+        flags = [flag_of.get(k, False) for i in missing_pages for k in scheme.object_keys(pages[i].page_key)]
+        rank_complete[label] = all(flags) if flags else False
+        if any(flags) and not all(flags):
+            rank_complete.pop(label)  # mixed: not a clean rank split
+    whole = [r for r, ok in rank_complete.items() if ok]
+    none = [r for r, ok in rank_complete.items() if not ok]
+    if whole and none and len(whole) + len(none) == len(deployment.schemes()):
+        diff.diagnosis.append(
+            {
+                "kind": "missing_ranks",
+                "ranks_present": whole,
+                "ranks_missing": none,
+                "message": f"every missing page has all objects of rank(s) {', '.join(whole)} and none of "
+                f"{', '.join(none)}: the writer ran another TP/PP layout (its rank 0 objects even share names "
+                "with this deployment's but hold another head split).",
+                "hint": "Share L3 only between deployments with the same tp/pp sizes (or page_head with tp_lcm_size).",
             }
         )
     later = [i for i in range(contiguous + 1, n) if page_ok[i]]

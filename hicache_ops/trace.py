@@ -362,16 +362,22 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             failed = [i for i, ok in enumerate(outcome.ok) if not ok]
             corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified)) if ok and not v]
             detail = {"host_pages": hosts, "bytes": outcome.nbytes, "per_page_ok": outcome.ok,
-                      "done_at_s": [round(x, 6) for x in outcome.done_at]}
+                      "done_at_s": [round(x, 6) for x in outcome.done_at],
+                      "size_mismatched_objects": len(outcome.size_mismatches),
+                      "size_mismatches": outcome.size_mismatches[:5]}
             if failed:
                 t.fail("batch_get_into", f"{len(failed)} page(s) failed to read (an object came back with <= 0 bytes)",
                        ["the object disappeared between batch_exists and the read (its segment's client left)",
                         "a lease or RPC failure"], detail={**detail, "failed_pages": failed})
             if corrupt:
+                causes = ["a corrupted or stale object under the right key", "the writer used another host layout, dtype or model"]
+                if outcome.size_mismatches:
+                    first = outcome.size_mismatches[0]
+                    causes.insert(0, f"{len(outcome.size_mismatches)} object(s) hold a different byte count than this "
+                                  f"deployment's pages ({first['read']} vs {first['expected']} bytes): another dtype "
+                                  "(fp8 vs bf16), head count or page size wrote under the same keys")
                 t.fail("batch_get_into", f"{len(corrupt)} page(s) arrived but their bytes differ from the reference "
-                       f"(first: page {corrupt[0]})",
-                       ["a corrupted or stale object under the right key", "the writer used another host layout, dtype or model",
-                        "bf16 and fp8 deployments sharing keys"], detail={**detail, "corrupt_pages": corrupt})
+                       f"(first: page {corrupt[0]})", causes, detail={**detail, "corrupt_pages": corrupt})
             t.add("batch_get_into", PASS, f"read {len(hosts)} page(s), {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
                   invariant="every object read > 0 bytes and each page equals its reference", state="L2 holds the pages",
                   detail=detail)

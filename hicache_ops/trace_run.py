@@ -70,7 +70,9 @@ def _deployment(spec: EngineSpec) -> Deployment:
     )
 
 
-def diagnosis_causes(tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt) -> list[str]:
+def diagnosis_causes(
+    tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: list[str] = ()
+) -> list[str]:
     """Likely causes of an L3 miss, from the live key diff against the master."""
     from .live_diff import live_diff
     from .mooncake.admin import AdminClient
@@ -79,7 +81,7 @@ def diagnosis_causes(tokens, spec: EngineSpec, metrics_address: str, extra_key, 
     try:
         diff = live_diff(
             tokens, spec.page_size, _deployment(spec), admin, extra_key=extra_key, cache_salt=cache_salt,
-            try_cache_salts=["tenant-a"] if cache_salt is None else [],
+            try_cache_salts=list(try_cache_salts),
         )
     finally:
         admin.close()
@@ -156,7 +158,10 @@ def run_embedded(
                 on_step(intro)
             run.steps = trace_read(
                 reader, r_tokens, extra_key=extra_key, cache_salt=cache_salt, on_step=on_step,
-                diagnose=lambda: diagnosis_causes(r_tokens, reader_spec, master.metrics_address, extra_key, cache_salt),
+                diagnose=lambda: diagnosis_causes(
+                    r_tokens, reader_spec, master.metrics_address, extra_key, cache_salt,
+                    try_cache_salts=[w_salt] if w_salt not in (None, cache_salt) else [],
+                ),
             )
             return run
         finally:

@@ -228,6 +228,8 @@ class MooncakeL3:
                     outcome.ok[i // per_page] = False
                 else:
                     outcome.nbytes += got
+                    if got != sizes[i]:
+                        outcome.size_mismatches.append({"key": keys[i], "read": got, "expected": sizes[i]})
         if self.extra_latency_s:
             outcome.done_at = [t + (i + 1) * self.extra_latency_s for i, t in enumerate(outcome.done_at)]
         for page, key in enumerate(storage_keys):

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..keys import ObjectKeyScheme
-from .policy import STORAGE_BATCH_PAGES
 
 
 class DataPlane(Protocol):
@@ -35,6 +34,9 @@ class ReadOutcome:
     done_at: list[float] = field(default_factory=list)
     verified: list[bool] = field(default_factory=list)
     nbytes: int = 0
+    # Objects that read a byte count other than this deployment's object size: written by a
+    # deployment with another dtype, head count or page size under the same keys.
+    size_mismatches: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -87,32 +89,32 @@ class MemoryL3:
         self.objects: set[str] = set()
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
+        # SGLang asks in batches of policy.STORAGE_BATCH_PAGES and stops at the first short batch,
+        # which ends the count at the same page as one pass: the leading pages whose objects all
+        # exist. One pass, each scheme's key parts built once (this runs for every page queried).
         hits = []
+        objects = self.objects
         for scheme in self.schemes:
+            prefix, suffixes = scheme.prefix, scheme.suffixes
             count = 0
-            for start in range(0, len(storage_keys), STORAGE_BATCH_PAGES):
-                batch = storage_keys[start : start + STORAGE_BATCH_PAGES]
-                n = 0
-                for key in batch:
-                    if not all(obj in self.objects for obj in scheme.object_keys(key)):
-                        break
-                    n += 1
-                count += n
-                if n < len(batch):
+            for key in storage_keys:
+                head = prefix + key
+                if not all(head + suffix in objects for suffix in suffixes):
                     break
+                count += 1
             hits.append(count)
         return hits
 
     def write(self, storage_keys, host_pages) -> tuple[list[bool], WriteOutcome]:
         outcome = WriteOutcome()
+        objects = self.objects
         for scheme in self.schemes:
-            for key in storage_keys:
-                for obj in scheme.object_keys(key):
-                    if obj in self.objects:
-                        outcome.skipped += 1
-                    else:
-                        self.objects.add(obj)
-                        outcome.written += 1
+            for obj in scheme.all_object_keys(storage_keys):
+                if obj in objects:
+                    outcome.skipped += 1
+                else:
+                    objects.add(obj)
+                    outcome.written += 1
         outcome.nbytes = len(storage_keys) * self.bytes_per_page
         return [True] * len(storage_keys), outcome
 

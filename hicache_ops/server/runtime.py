@@ -53,6 +53,8 @@ class Runtime:
     l3: L3Target = field(default_factory=lambda: L3Target("embedded"))
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     log_dir: str | None = None
+    # Fault injection for training and playbook tests: simulated extra seconds per L3 page read.
+    l3_latency_s: float = 0.0
     master: object | None = None
     store: object | None = None
     cache: object | None = None
@@ -80,6 +82,8 @@ class Runtime:
             # This long-lived client owns the segment the objects live in (FACTS §7).
             self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes)
         self.cache = build_bytes(self.spec, self.store)
+        if self.l3_latency_s and self.cache.l3 is not None:
+            self.cache.l3.extra_latency_s = self.l3_latency_s
         self.started = {"rpc_address": rpc, "metrics_address": metrics}
 
     def stop(self) -> None:
@@ -118,6 +122,7 @@ class Runtime:
             "extra_backend_tag": self.spec.extra_backend_tag,
             "key_prefix": self.spec.schemes()[0].prefix,
             "l3": self.l3.kind,
+            "injected_l3_latency_s": self.l3_latency_s,
             "master_rpc_address": self.started.get("rpc_address"),
             "master_metrics_address": self.started.get("metrics_address"),
             "master_pid": getattr(self.master, "pid", None),

@@ -1,0 +1,1 @@
+"""The on-call playbooks (Markdown); read them with `hicache playbook list | show | run`."""

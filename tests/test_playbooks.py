@@ -1,0 +1,224 @@
+"""Each playbook against real serve instances sharing one Mooncake master: with its fault injected
+it reaches the right diagnosis; against a healthy deployment it passes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from serve_process import Serve
+from typer.testing import CliRunner
+
+from hicache_ops.cli.main import app
+from hicache_ops.playbook import holds, list_playbooks, parse_condition, resolve_path
+from hicache_ops.server.client import ServeClient
+
+runner = CliRunner()
+BASE = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "64")
+
+
+@pytest.fixture(scope="module")
+def writer(tmp_path_factory):
+    s = Serve(tmp_path_factory.mktemp("writer"), *BASE)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reader_factory(writer, tmp_path_factory):
+    """Serve instances on the writer's master, started once per distinct configuration."""
+    started: dict[tuple, Serve] = {}
+    rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
+    l3 = f"mooncake://{rpc}?metrics={metrics.split(':')[1]}"
+
+    def get(*args: str) -> Serve:
+        if args not in started:
+            started[args] = Serve(tmp_path_factory.mktemp("reader"), *BASE, "--l3", l3, *args)
+        return started[args]
+
+    yield get
+    for s in started.values():
+        s.stop()
+
+
+_seed = iter(range(100, 10_000))
+
+
+def prompt(tmp_path, n_tokens: int = 160, written_by: Serve | None = None, **namespace) -> str:
+    ids = np.random.default_rng(next(_seed)).integers(0, 60_000, size=n_tokens).tolist()
+    if written_by is not None:
+        with ServeClient(written_by.url) as client:
+            client.prefill(ids, namespace.get("extra_key"), namespace.get("cache_salt"), backup=True)
+    path = tmp_path / f"prompt{next(_seed)}.json"
+    path.write_text(json.dumps(ids))
+    return str(path)
+
+
+def run_book(name: str, *args: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["playbook", "run", name, *args, "--json"])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def finding(data: dict) -> str | None:
+    return data["finding"]["check"] if data["finding"] else None
+
+
+# --- the playbook format -------------------------------------------------------------------------
+
+
+def test_every_playbook_parses_and_the_required_ones_exist():
+    names = {p.name for p in list_playbooks()}
+    assert names >= {"no-l3-hit", "short-storage-hit", "recomputed-after-get", "te-not-reused", "master-unreachable", "dtype-mismatch"}
+    result = runner.invoke(app, ["playbook", "show", "no-l3-hit", "--json"])
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 9
+
+
+def test_conditions():
+    data = {"a": {"b": [1, 2]}, "d": [{"k": "x"}, {"k": "y"}], "n": 3, "s": "hello"}
+    assert holds('a.b[1] == 2', data) and holds('d[*].k contains "y"', data) and holds('n > 2 and s contains "ell"', data)
+    assert not holds('d[*].k contains "z"', data) and not holds('missing.path == 1', data)
+    assert resolve_path(data, "d[*].k") == ["x", "y"]
+    with pytest.raises(Exception, match="not PATH OP VALUE"):
+        parse_condition("this is not a condition")
+
+
+def test_unknown_playbook_and_missing_prompt_file():
+    result = runner.invoke(app, ["playbook", "run", "nope", "--json"])
+    assert result.exit_code == 2 and "Known playbooks" in json.loads(result.stdout)["error"]["hint"]
+    result = runner.invoke(app, ["playbook", "run", "no-l3-hit", "--prompt", "/nonexistent.json", "--json"])
+    assert result.exit_code == 2
+
+
+# --- no L3 hit across instances ------------------------------------------------------------------
+
+
+def test_no_l3_hit_healthy_then_served_locally(writer, reader_factory, tmp_path):
+    reader = reader_factory()
+    p = prompt(tmp_path, written_by=writer)
+    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
+    assert code == 0 and data["status"] == "pass", data
+    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)  # now it is local
+    assert code == 1 and finding(data) == "1. Served from L1/L2 first"
+
+
+@pytest.mark.parametrize(
+    "reader_args, tokens, namespace, expected",
+    [
+        ((), 48, {}, "2. Below the prefetch threshold"),
+        (("--hicache-storage-prefetch-policy", "timeout", "--inject-l3-latency-ms", "500"), 160, {}, "3. best_effort or timeout cut the prefetch"),
+        ((), 160, {"cache_salt": "tenant-a"}, "4. Namespace or salt mismatch"),
+        (("--sglang-version", "0.5.14"), 160, {}, "5. Mixed SGLang versions"),
+        (("--model-name", "other/model"), 160, {}, "6. Model-prefix or tag mismatch"),
+        (("--tp-size", "2"), 160, {}, "7. TP/PP rank mismatch"),
+    ],
+)
+def test_no_l3_hit_findings(writer, reader_factory, tmp_path, reader_args, tokens, namespace, expected):
+    reader = reader_factory(*reader_args)
+    p = prompt(tmp_path, tokens, written_by=writer, **namespace)
+    tries = ["--try-cache-salt", namespace["cache_salt"]] if "cache_salt" in namespace else []
+    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p, *tries)
+    assert code == 1 and finding(data) == expected, data
+    assert data["finding"]["evidence"]
+
+
+def test_no_l3_hit_write_back_never_backed_up(reader_factory, tmp_path):
+    reader = reader_factory("--hicache-write-policy", "write_back")
+    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", prompt(tmp_path))
+    assert code == 1 and finding(data) == "8. write_back never backed it up", data
+
+
+def test_no_l3_hit_never_written_anywhere(reader_factory, tmp_path):
+    code, data = run_book("no-l3-hit", "--serve", reader_factory().url, "--prompt", prompt(tmp_path))
+    assert code == 1 and finding(data) == "9. Never written: DP routing or another instance holds it", data
+
+
+# --- short storage hit ---------------------------------------------------------------------------
+
+
+def test_short_storage_hit(writer, reader_factory, tmp_path):
+    from hicache_ops.keys import ObjectKeyScheme, page_keys
+    from hicache_ops.mooncake.store import StoreClient
+
+    reader = reader_factory()
+    healthy = prompt(tmp_path, written_by=writer)
+    assert run_book("short-storage-hit", "--serve", reader.url, "--prompt", healthy)[1]["status"] == "pass"
+    broken = prompt(tmp_path, written_by=writer)
+    ids = json.loads(open(broken).read())
+    scheme = ObjectKeyScheme("0.5.23", model_name="hicache/tiny")
+    v_key = scheme.object_keys(page_keys(ids, 16, "0.5.23")[2])[1]
+    with StoreClient.connect(writer.info["master_rpc_address"]) as store:
+        store.remove_keys([v_key], prefix=scheme.prefix, force=True)
+    code, data = run_book("short-storage-hit", "--serve", reader.url, "--prompt", broken)
+    assert code == 1 and finding(data) == "1. A missing `_k` or `_v` object", data
+    assert data["finding"]["evidence"]["first_missing"] == v_key
+
+
+# --- recomputed after get ------------------------------------------------------------------------
+
+
+def test_recomputed_after_get(writer, tmp_path_factory, tmp_path):
+    rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
+    l3 = ("--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
+    small = ("--device-tokens", "256", "--page-size", "4", "--prefetch-threshold", "4")
+    w, r = Serve(tmp_path_factory.mktemp("w4"), *small, *l3), Serve(tmp_path_factory.mktemp("r4"), *small, *l3)
+    try:
+        healthy = prompt(tmp_path, 64, written_by=w)
+        assert run_book("recomputed-after-get", "--serve", r.url, "--prompt", healthy)[1]["status"] == "pass"
+        tiny = prompt(tmp_path, 8, written_by=w)  # two pages: an 8-token host hit, below load_back_threshold
+        code, data = run_book("recomputed-after-get", "--serve", r.url, "--prompt", tiny)
+        assert code == 1 and finding(data) == "2. Below the load-back threshold", data
+    finally:
+        w.stop()
+        r.stop()
+
+
+# --- dtype mismatch ------------------------------------------------------------------------------
+
+
+def test_dtype_mismatch(writer, reader_factory, tmp_path, tmp_path_factory):
+    reader = reader_factory()
+    assert run_book("dtype-mismatch", "--serve", reader.url, "--prompt", prompt(tmp_path, written_by=writer))[1]["status"] == "pass"
+    rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
+    fp8 = Serve(tmp_path_factory.mktemp("fp8"), *BASE, "--dtype", "fp8_e4m3", "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
+    try:
+        code, data = run_book("dtype-mismatch", "--serve", reader.url, "--prompt", prompt(tmp_path, written_by=fp8))
+        assert code == 1 and finding(data) == "1. Objects of another size under this deployment's keys", data
+    finally:
+        fp8.stop()
+
+
+# --- master unreachable --------------------------------------------------------------------------
+
+
+def test_master_unreachable(writer, tmp_path):
+    good = tmp_path / "mooncake.json"
+    good.write_text(json.dumps({"master_server_address": writer.info["master_rpc_address"], "metadata_server": "P2PHANDSHAKE",
+                                "protocol": "tcp", "device_name": "", "local_hostname": "127.0.0.1"}))
+    code, data = run_book("master-unreachable", "--master", writer.info["master_metrics_address"], "--config", str(good))
+    assert code == 0 and data["status"] == "pass", data
+    code, data = run_book("master-unreachable", "--master", "127.0.0.1:1", "--config", str(good))
+    assert code == 1 and finding(data) == "1. The master answers"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"master_server_address": "127.0.0.1:50051", "metadata_server": "redis://10.0.0.1:6379"}))
+    code, data = run_book("master-unreachable", "--master", writer.info["master_metrics_address"], "--config", str(bad))
+    assert code == 1 and finding(data) == "2. A metadata string that crashes or hangs the client", data
+
+
+# --- the shared Transfer Engine --------------------------------------------------------------------
+
+
+def test_te_not_reused(tmp_path, monkeypatch):
+    flags = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
+    config = tmp_path / "mooncake.json"
+    config.write_text(json.dumps({"master_server_address": "127.0.0.1:50051", "metadata_server": "P2PHANDSHAKE",
+                                  "protocol": "rdma", "device_name": "mlx5_0"}))
+    # Default environment: MOONCAKE_DEVICE "" against no IB flag (None) - not reused.
+    monkeypatch.delenv("MOONCAKE_DEVICE", raising=False)
+    monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:50051")  # the deployment's environment
+    code, data = run_book("te-not-reused", "--server-args", flags, "--config", str(config))
+    assert code == 1 and finding(data) == "1. The reuse rule", data
+    # Same device on both sides: reused, with and without the config file.
+    monkeypatch.setenv("MOONCAKE_DEVICE", "mlx5_0")
+    code, data = run_book("te-not-reused", "--server-args", f"{flags} --disaggregation-ib-device mlx5_0", "--config", str(config))
+    assert code == 0 and data["status"] == "pass", data
