@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
 from hicache_ops.engine.builder import EngineSpec
+from hicache_ops.layouts import ModelGeometry, preset
 from hicache_ops.trace_run import FAULTS, run_embedded
 
 runner = CliRunner()
@@ -120,3 +121,19 @@ def test_against_a_running_serve(tmp_path):
 def test_unreachable_serve_exits_3():
     result = runner.invoke(app, ["trace", "read", "--tokens", "1,2,3", "--serve", "http://127.0.0.1:1", "--json"])
     assert result.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        EngineSpec(geometry=preset("tiny-mla"), page_size=16,
+                   device_tokens=1024, prefetch_threshold=64, tp_size=2),
+        EngineSpec(geometry=ModelGeometry.mha(2, 4, 16),
+                   page_size=16, device_tokens=512, prefetch_threshold=64, tp_size=2, layout="page_head", tp_lcm_size=4),
+    ],
+    ids=["mla-tp2", "page-head-split-heads"],
+)
+def test_cross_instance_read_for_mla_and_split_heads(spec):
+    run = run_embedded("read", TOKENS, spec)
+    assert all(s.status == "PASS" for s in run.steps), [(s.name, s.summary) for s in run.steps]
+    assert run.steps[-1].detail["storage_hit"] == 192
