@@ -318,6 +318,48 @@ class ObjectKeyScheme:
         return [f"{prefix}{key}{suffix}" for key in page_keys_ for suffix in suffixes]
 
 
-def ranks_of(tp_size: int, pp_size: int) -> list[tuple[int, int]]:
-    """Every (tp_rank, pp_rank) pair of a deployment, tp-major."""
-    return [(tp, pp) for pp in range(pp_size) for tp in range(tp_size)]
+@dataclass(frozen=True)
+class Deployment:
+    """What decides object names: version, prefix parts and the rank topology.
+
+    `tp_rank` / `pp_rank` None means every rank of the deployment.
+    """
+
+    version: str
+    model_name: str | None = None
+    extra_backend_tag: str | None = None
+    tp_size: int = 1
+    tp_rank: int | None = None
+    pp_size: int = 1
+    pp_rank: int | None = None
+    mla: bool = False
+    layout: str = "page_first"
+    tp_lcm_size: int | None = None
+
+    def schemes(self) -> list[ObjectKeyScheme]:
+        """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
+        tp_ranks = range(self.tp_size) if self.tp_rank is None else [self.tp_rank]
+        pp_ranks = range(self.pp_size) if self.pp_rank is None else [self.pp_rank]
+        out = []
+        for pp in pp_ranks:
+            for tp in tp_ranks:
+                scheme = ObjectKeyScheme(
+                    version=self.version,
+                    model_name=self.model_name,
+                    extra_backend_tag=self.extra_backend_tag,
+                    tp_rank=tp,
+                    tp_size=self.tp_size,
+                    pp_rank=pp,
+                    pp_size=self.pp_size,
+                    mla=self.mla,
+                    layout=self.layout,
+                    tp_lcm_size=self.tp_lcm_size,
+                )
+                if scheme.writes:
+                    out.append(scheme)
+        if not out:
+            raise InputError(
+                f"under MLA only tp rank 0 writes to L3; tp-rank {self.tp_rank} writes nothing.",
+                hint="Drop --tp-rank or pass --tp-rank 0.",
+            )
+        return out

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 
 from .engine.builder import EngineSpec, build_bytes
 from .errors import InputError
-from .inspect_keys import Deployment
 from .trace import INFO, Step, trace_read, trace_write
 
 # fault -> (the trace kinds it applies to, what it does)
@@ -62,14 +61,6 @@ def check_fault(kind: str, inject: str | None) -> None:
         raise InputError(f"fault {inject!r} applies to `trace {'/'.join(kinds)}`, not `trace {kind}`.")
 
 
-def _deployment(spec: EngineSpec) -> Deployment:
-    return Deployment(
-        version=spec.sglang_version, model_name=spec.model_name, extra_backend_tag=spec.extra_backend_tag,
-        tp_size=spec.tp_size, mla=spec.geometry.mla, layout=spec.host_layout(mooncake=True).layout,
-        tp_lcm_size=spec.tp_lcm_size,
-    )
-
-
 def diagnosis_causes(
     tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: list[str] = ()
 ) -> list[str]:
@@ -80,7 +71,7 @@ def diagnosis_causes(
     admin = AdminClient(metrics_address)
     try:
         diff = live_diff(
-            tokens, spec.page_size, _deployment(spec), admin, extra_key=extra_key, cache_salt=cache_salt,
+            tokens, spec.page_size, spec.deployment(), admin, extra_key=extra_key, cache_salt=cache_salt,
             try_cache_salts=list(try_cache_salts),
         )
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ..keys import ObjectKeyScheme
+from ..keys import Deployment, ObjectKeyScheme
 from ..layouts import DEFAULT_PRESET, HostPoolLayout, ModelGeometry, preset, resolve_layout
 from ..versions import NEWEST
 from . import policy as pol
@@ -45,12 +45,21 @@ class EngineSpec:
             tp_size=self.tp_size, tp_lcm_size=self.tp_lcm_size, sglang_version=self.sglang_version, mooncake=mooncake,
         )
 
+    def deployment(self) -> Deployment:
+        """The key scheme of this engine's ranks, as `inspect keys` and the live diff take it."""
+        return Deployment(
+            version=self.sglang_version, model_name=self.model_name, extra_backend_tag=self.extra_backend_tag,
+            tp_size=self.tp_size, mla=self.geometry.mla, layout=self.host_layout(mooncake=True).layout,
+            tp_lcm_size=self.tp_lcm_size,
+        )
+
     def schemes(self) -> list[ObjectKeyScheme]:
-        host = self.host_layout(mooncake=True)
+        """Every rank's object naming, writing or not (MLA ranks above 0 only read)."""
+        dep = self.deployment()
         return [
             ObjectKeyScheme(
-                self.sglang_version, model_name=self.model_name, extra_backend_tag=self.extra_backend_tag,
-                tp_rank=r, tp_size=self.tp_size, mla=self.geometry.mla, layout=host.layout, tp_lcm_size=self.tp_lcm_size,
+                dep.version, model_name=dep.model_name, extra_backend_tag=dep.extra_backend_tag, tp_rank=r,
+                tp_size=dep.tp_size, mla=dep.mla, layout=dep.layout, tp_lcm_size=dep.tp_lcm_size,
             )
             for r in range(self.tp_size)
         ]
