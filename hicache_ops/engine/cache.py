@@ -153,6 +153,15 @@ class PagePool:
     def take(self) -> int:
         return self._free.pop()
 
+    def take_many(self, n: int) -> list[int]:
+        """n pages: the same ones, in the same order, as n take() calls."""
+        free = self._free
+        cut = len(free) - n
+        pages = free[cut:]
+        pages.reverse()
+        del free[cut:]
+        return pages
+
     def give(self, page: int) -> None:
         self._free.append(page)
 
@@ -202,7 +211,7 @@ class TieredCache:
                 "even after evicting every unpinned page.",
                 hint="Use a larger device pool or a shorter prompt.",
             )
-        return [self.device.take() for _ in range(n)]
+        return self.device.take_many(n)
 
     def _alloc_host(self, n: int, pinned: set[int] | None = None) -> list[int] | None:
         """n host pages, evicting host leaves; None when they cannot be had."""
@@ -214,33 +223,36 @@ class TieredCache:
             self._evict_host(n - self.host.free, pinned or set())
         if self.host.free < n:
             return None
-        return [self.host.take() for _ in range(n)]
+        return self.host.take_many(n)
 
     def _evict_device(self, n: int) -> None:
         evicted = 0
-        for node in self.tree.device_victims(lambda x: x.lock_ref == 0):
-            if not node.backed_up and self.config.write_policy == "write_back":
+        tree, stats, give = self.tree, self.stats, self.device.give  # hoisted: this runs per evicted page
+        write_back = self.config.write_policy == "write_back"
+        for node in tree.device_victims(lambda x: x.lock_ref == 0):
+            if not node.backed_up and write_back:
                 if self._backup_to_host([node], pinned={id(node)}):
-                    self.stats.write_back_backups += 1
+                    stats.write_back_backups += 1
             if not node.backed_up and node.children:
                 continue  # its children still need it in the tree, and it has no other copy
-            self.device.give(self.tree.clear_device(node))
-            self.stats.device_evictions += 1
+            give(tree.clear_device(node))
+            stats.device_evictions += 1
             if not node.backed_up:
-                self.stats.dropped_pages += 1
-                self.tree.remove_if_unused(node)
+                stats.dropped_pages += 1
+                tree.remove_if_unused(node)
             evicted += 1
             if evicted >= n:
                 return
 
     def _evict_host(self, n: int, pinned: set[int]) -> None:
         evicted = 0
-        for node in self.tree.host_victims(lambda x: x.host_ref == 0 and id(x) not in pinned):
-            self.host.give(self.tree.clear_host(node))
-            self.stats.host_evictions += 1
-            if not node.on_device:
-                self.stats.dropped_pages += 1
-                self.tree.remove_if_unused(node)
+        tree, stats, give = self.tree, self.stats, self.host.give
+        for node in tree.host_victims(lambda x: x.host_ref == 0 and id(x) not in pinned):
+            give(tree.clear_host(node))
+            stats.host_evictions += 1
+            if node.device_page < 0:
+                stats.dropped_pages += 1
+                tree.remove_if_unused(node)
             evicted += 1
             if evicted >= n:
                 return
@@ -249,10 +261,14 @@ class TieredCache:
 
     def _backup_to_host(self, nodes: list[PageNode], pinned: set[int] | None = None) -> int:
         """Copy device pages to host (then to L3); return how many were backed up."""
-        nodes = [n for n in nodes if not n.backed_up and n.on_device]
+        nodes = [n for n in nodes if not n.backed_up and n.device_page >= 0]
         if not nodes:
             return 0
-        host_pages = self._alloc_host(len(nodes), pinned={id(n) for n in nodes} | (pinned or set()))
+        host_pages = (
+            self._alloc_host(len(nodes), pinned={id(n) for n in nodes} | (pinned or set()))
+            if self.config.enable_l2
+            else None  # what _alloc_host answers without a host pool (skips building the pin set)
+        )
         if host_pages is None:
             self.stats.backup_failures += len(nodes)
             self._emit("backup_failed", pages=len(nodes), host_free=self.host.free, host_pages=self.host.capacity)
@@ -262,7 +278,8 @@ class TieredCache:
         self._last_backup_bytes += moved
         self._emit("backup_host", nodes=nodes, device_pages=[n.device_page for n in nodes], host_pages=host_pages, bytes=moved)
         for node, page in zip(nodes, host_pages):
-            self.tree.set_host(node, page)  # acknowledged: the copy above completed
+            self.tree.set_host(node, page, offer=False)  # acknowledged: the copy above completed
+        self.tree.offer_all(nodes)
         self._emit("backup_ack", nodes=nodes)
         self._backup_to_l3(nodes)
         return len(nodes)
@@ -379,12 +396,13 @@ class TieredCache:
                 pages = self._alloc_device(n_pages - pos)
                 self.plane.compute(pages, storage_keys[pos:n_pages])
                 self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
+                get_or_add, set_device = self.tree.get_or_add, self.tree.set_device  # hoisted: per page
                 for i, page in zip(range(pos, n_pages), pages):
-                    node = self.tree.get_or_add(tree_keys[i], storage_keys[i], parent, i)
-                    if node.on_device:  # cannot happen: the tree did not match it
+                    node = get_or_add(tree_keys[i], storage_keys[i], parent, i)
+                    if node.device_page >= 0:  # cannot happen: the tree did not match it
                         self.device.give(page)
                     else:
-                        self.tree.set_device(node, page)
+                        set_device(node, page, offer=False)  # pinned below, re-stamped by touch()
                     node.lock_ref += 1
                     new_nodes.append(node)
                     parent = node
@@ -410,7 +428,7 @@ class TieredCache:
             if self.l3 is not None:
                 # Pages backed up earlier whose L3 write has not happened yet (e.g. L3 was down).
                 self._backup_to_l3(path, recheck=force_backup)
-            result.stored_pages = sum(1 for n in path if n.stored)
+            result.stored_pages = sum([n.stored for n in path])
             timings["backup"] = (time.perf_counter() - t) * 1e3
         finally:
             for node in path:
@@ -536,7 +554,7 @@ class TieredCache:
         parent = anchor
         for i in range(done):
             node = self.tree.get_or_add(tree_keys[pos + i], storage_keys[pos + i], parent, pos + i)
-            self.tree.set_host(node, host_pages[i])
+            self.tree.set_host(node, host_pages[i], offer=False)  # touch() below offers the leaves
             node.stored = True
             nodes.append(node)
             parent = node

@@ -99,9 +99,13 @@ class MemoryL3:
             count = 0
             for key in storage_keys:
                 head = prefix + key
-                if not all(head + suffix in objects for suffix in suffixes):
-                    break
-                count += 1
+                for suffix in suffixes:
+                    if head + suffix not in objects:
+                        break
+                else:
+                    count += 1
+                    continue
+                break
             hits.append(count)
         return hits
 

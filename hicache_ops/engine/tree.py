@@ -11,9 +11,10 @@ on no tier and has no children.
 
 from __future__ import annotations
 
-import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator
+from heapq import heappop, heappush
 
 
 class PageNode:
@@ -64,13 +65,52 @@ class PageNode:
         return f"PageNode({self.key[:8]}, dev={self.device_page}, host={self.host_page}, hits={self.hit_count})"
 
 
+class _LeafQueue:
+    """Eviction candidates (last_access, seq, node), popped smallest first, as from one heap.
+
+    Stamps come from a monotone clock, so almost every entry is pushed at or above the newest
+    one queued: those go to a FIFO in O(1). The few pushed below it (a parent that becomes a
+    leaf when its child leaves, a pinned entry put back) go to a heap. The smaller of the two
+    heads is the minimum, so entries come out in exactly the order a single heap gives.
+    """
+
+    __slots__ = ("fifo", "heap")
+
+    def __init__(self) -> None:
+        self.fifo: deque[tuple[int, int, PageNode]] = deque()
+        self.heap: list[tuple[int, int, PageNode]] = []
+
+    def __len__(self) -> int:
+        return len(self.fifo) + len(self.heap)
+
+    def push(self, entry: tuple[int, int, PageNode]) -> None:
+        fifo = self.fifo
+        if not fifo or entry > fifo[-1]:
+            fifo.append(entry)
+        else:
+            heappush(self.heap, entry)
+
+    def pop(self) -> tuple[int, int, PageNode]:
+        heap = self.heap
+        if heap:
+            fifo = self.fifo
+            if not fifo or heap[0] < fifo[0]:
+                return heappop(heap)
+            return fifo.popleft()
+        return self.fifo.popleft()
+
+    def clear(self) -> None:
+        self.fifo.clear()
+        self.heap.clear()
+
+
 class PageTree:
     def __init__(self) -> None:
         self.nodes: dict[str, PageNode] = {}
         self._clock = itertools.count(1)
         self._seq = itertools.count()
-        self._device_heap: list[tuple[int, int, PageNode]] = []
-        self._host_heap: list[tuple[int, int, PageNode]] = []
+        self._device_heap = _LeafQueue()
+        self._host_heap = _LeafQueue()
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -91,9 +131,15 @@ class PageTree:
     def touch(self, nodes: list[PageNode]) -> None:
         """Stamp a matched path, newest at the leaf: a cold history then drains from its tail."""
         base = next(self._clock)
-        for i, node in enumerate(nodes):
-            node.last_access = base + i
-            self._offer(node)
+        seq = self._seq
+        device_push, host_push = self._device_heap.push, self._host_heap.push
+        for access, node in enumerate(nodes, base):
+            node.last_access = access
+            # _offer, inlined: this loop runs once per page of every request.
+            if node.device_page >= 0 and node.device_children == 0:
+                device_push((access, next(seq), node))
+            if node.host_page >= 0 and node.host_children == 0:
+                host_push((access, next(seq), node))
         self._clock = itertools.count(base + len(nodes) + 1)
 
     # -- insertion ------------------------------------------------------------------------------
@@ -108,31 +154,69 @@ class PageTree:
 
     def get_or_add(self, key: str, storage_key: str, parent: PageNode | None, depth: int) -> PageNode:
         node = self.nodes.get(key)
-        return node if node is not None else self.add(key, storage_key, parent, depth)
+        if node is not None:
+            return node
+        # add(), inlined: this runs once per computed or fetched page.
+        node = PageNode(key, storage_key, parent, depth)
+        node.last_access = next(self._clock)
+        self.nodes[key] = node
+        if parent is not None:
+            parent.children += 1
+        return node
 
     # -- tier state changes keep the parents' child counts right ---------------------------------
 
-    def set_device(self, node: PageNode, page: int) -> None:
-        if node.device_page < 0 and node.parent is not None:
-            node.parent.device_children += 1
+    # (_offer is inlined below where it runs once per page: device entry first, then host.)
+
+    def set_device(self, node: PageNode, page: int, *, offer: bool = True) -> None:
+        """`offer=False` when the node is pinned until `touch` re-stamps it with no eviction in
+        between: the entry offered here could then never be popped as a live leaf."""
+        parent = node.parent
+        if node.device_page < 0 and parent is not None:
+            parent.device_children += 1
         node.device_page = page
-        self._offer(node)
+        if not offer:
+            return
+        if page >= 0 and node.device_children == 0:
+            self._device_heap.push((node.last_access, next(self._seq), node))
+        if node.host_page >= 0 and node.host_children == 0:
+            self._host_heap.push((node.last_access, next(self._seq), node))
 
     def clear_device(self, node: PageNode) -> int:
         page = node.device_page
         node.device_page = -1
-        if node.parent is not None:
-            node.parent.device_children -= 1
-            self._offer(node.parent)
-        self._offer(node)
+        parent = node.parent
+        if parent is not None:
+            parent.device_children -= 1
+            self._offer(parent)
+        if node.host_page >= 0 and node.host_children == 0:
+            self._host_heap.push((node.last_access, next(self._seq), node))
         return page
 
-    def set_host(self, node: PageNode, page: int) -> None:
+    def set_host(self, node: PageNode, page: int, *, offer: bool = True) -> None:
+        """`offer=False` when the caller offers the nodes itself once a batch is in (`offer_all`)."""
         if node.host_page < 0 and node.parent is not None:
             node.parent.host_children += 1
         node.host_page = page
         node.backed_up = True
-        self._offer(node)
+        if offer:
+            self._offer(node)
+
+    def offer_all(self, nodes: list[PageNode]) -> None:
+        """Offer the leaves of a batch set with `offer=False`, in one pass.
+
+        Equivalent to offering each node as it was set: a node that stopped being a host leaf
+        within the batch can be popped live again only after a child leaves the host, and that
+        offers it anew with the same stamp, so its earlier entry would only duplicate the new one
+        (the host eviction treats duplicates alike). Device leafness does not change in a host
+        batch, so every device entry is offered as before.
+        """
+        device_push, host_push, seq = self._device_heap.push, self._host_heap.push, self._seq
+        for node in nodes:
+            if node.device_page >= 0 and node.device_children == 0:
+                device_push((node.last_access, next(seq), node))
+            if node.host_page >= 0 and node.host_children == 0:
+                host_push((node.last_access, next(seq), node))
 
     def clear_host(self, node: PageNode) -> int:
         page = node.host_page
@@ -145,43 +229,75 @@ class PageTree:
 
     def remove_if_unused(self, node: PageNode) -> bool:
         """Drop a node that lives on no tier and has no children."""
-        if node.on_device or node.host_page >= 0 or node.children:
+        if node.device_page >= 0 or node.host_page >= 0 or node.children:
             return False
         del self.nodes[node.key]
-        if node.parent is not None:
-            node.parent.children -= 1
-            self._offer(node.parent)
+        parent = node.parent
+        if parent is not None:
+            parent.children -= 1
+            # A device leaf is re-offered: the device eviction may have passed it over for having
+            # children. Its host leafness did not change (the removed node was not on host), and a
+            # live host leaf always has an entry already, so no host entry is offered.
+            if parent.device_page >= 0 and parent.device_children == 0:
+                self._device_heap.push((parent.last_access, next(self._seq), parent))
         return True
 
     # -- eviction candidates --------------------------------------------------------------------
 
     def _offer(self, node: PageNode) -> None:
-        if node.on_device and node.device_children == 0:
-            heapq.heappush(self._device_heap, (node.last_access, next(self._seq), node))
+        if node.device_page >= 0 and node.device_children == 0:
+            self._device_heap.push((node.last_access, next(self._seq), node))
         if node.host_page >= 0 and node.host_children == 0:
-            heapq.heappush(self._host_heap, (node.last_access, next(self._seq), node))
+            self._host_heap.push((node.last_access, next(self._seq), node))
 
     def device_victims(self, can_evict: Callable[[PageNode], bool]) -> Iterator[PageNode]:
         """Device leaves in LRU order (a node may become a leaf while iterating)."""
-        yield from self._victims(self._device_heap, lambda n: n.on_device and n.device_children == 0, can_evict)
-
-    def host_victims(self, can_evict: Callable[[PageNode], bool]) -> Iterator[PageNode]:
-        yield from self._victims(self._host_heap, lambda n: n.host_page >= 0 and n.host_children == 0, can_evict)
-
-    def _victims(self, heap, is_leaf, can_evict) -> Iterator[PageNode]:
+        queue, nodes = self._device_heap, self.nodes
+        fifo, heap = queue.fifo, queue.heap
         skipped = []
         try:
-            while heap:
-                access, seq, node = heapq.heappop(heap)
-                if access != node.last_access or self.nodes.get(node.key) is not node or not is_leaf(node):
+            while fifo or heap:
+                # queue.pop(), inlined: this loop runs once per evicted page.
+                entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
+                node = entry[2]
+                if (
+                    entry[0] != node.last_access
+                    or node.device_page < 0
+                    or node.device_children
+                    or nodes.get(node.key) is not node
+                ):
                     continue  # stale entry
                 if not can_evict(node):
-                    skipped.append((access, seq, node))
+                    skipped.append(entry)
                     continue
                 yield node
         finally:
             for entry in skipped:  # pinned now, evictable later
-                heapq.heappush(heap, entry)
+                queue.push(entry)
+
+    def host_victims(self, can_evict: Callable[[PageNode], bool]) -> Iterator[PageNode]:
+        """Host leaves in LRU order."""
+        queue, nodes = self._host_heap, self.nodes
+        fifo, heap = queue.fifo, queue.heap
+        skipped = []
+        try:
+            while fifo or heap:
+                entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
+                node = entry[2]
+                if (
+                    entry[0] != node.last_access
+                    or node.host_page < 0
+                    or node.host_children
+                    or nodes.get(node.key) is not node
+                ):
+                    continue  # stale entry
+                if not can_evict(node):
+                    skipped.append(entry)
+                    continue
+                yield node
+        finally:
+            for entry in skipped:  # pinned now, evictable later
+                queue.push(entry)
 
     def clear(self) -> None:
         self.nodes.clear()
