@@ -29,6 +29,10 @@ import pytest
 
 from hicache_ops.mooncake.master import EmbeddedMaster
 
+# Tests touch only loopback. SGLang picks the address its Transfer Engine advertises from the first
+# NIC (or a UDP "connect" towards a public DNS server) unless SGLANG_HOST_IP says otherwise.
+os.environ["SGLANG_HOST_IP"] = "127.0.0.1"
+
 
 @pytest.fixture(scope="session")
 def mooncake_master(tmp_path_factory):
