@@ -15,7 +15,8 @@ from hicache_ops.playbook import holds, list_playbooks, parse_condition, resolve
 from hicache_ops.server.client import ServeClient
 
 runner = CliRunner()
-BASE = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "64")
+# wait_complete: a healthy run must not depend on how fast L3 reads are here; the stop-policy case sets its own.
+BASE = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +161,7 @@ def test_short_storage_hit(writer, reader_factory, tmp_path):
 def test_recomputed_after_get(writer, tmp_path_factory, tmp_path):
     rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
     l3 = ("--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
-    small = ("--device-tokens", "256", "--page-size", "4", "--prefetch-threshold", "4")
+    small = ("--device-tokens", "256", "--page-size", "4", "--prefetch-threshold", "4", "--hicache-storage-prefetch-policy", "wait_complete")
     w, r = Serve(tmp_path_factory.mktemp("w4"), *small, *l3), Serve(tmp_path_factory.mktemp("r4"), *small, *l3)
     try:
         healthy = prompt(tmp_path, 64, written_by=w)

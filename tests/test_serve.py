@@ -15,9 +15,13 @@ from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import free_port
 from hicache_ops.server.client import ServeClient
 
+# wait_complete: storage-hit assertions must not depend on how fast L3 reads are on a busy machine.
+ARGS = ("--device-tokens", "1024", "--page-size", "16", "--prefetch-threshold", "32", "--hicache-storage-prefetch-policy", "wait_complete")
+
+
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    s = Serve(tmp_path_factory.mktemp("serve"), "--device-tokens", "1024", "--page-size", "16", "--prefetch-threshold", "32")
+    s = Serve(tmp_path_factory.mktemp("serve"), *ARGS)
     yield s
     s.stop()
 
@@ -110,7 +114,7 @@ def test_two_instances_share_one_l3(serve, tmp_path):
     prompt = list(range(90_000, 90_000 + 160))
     written = serve.client.prefill(prompt)
     assert written["stored_pages"] == 10
-    other = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "32", "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
+    other = Serve(tmp_path, *ARGS, "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
     try:
         r = other.client.prefill(prompt)
         check_breakdown(r)

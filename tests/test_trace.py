@@ -16,7 +16,9 @@ from hicache_ops.trace_run import FAULTS, run_embedded
 
 runner = CliRunner()
 TOKENS = list(range(2000, 2200))  # 12 whole pages of 16 and 8 trailing tokens
-SPEC = EngineSpec(page_size=16, device_tokens=1024, prefetch_threshold=64)
+# wait_complete: a test that expects every L3 page must not depend on how fast reads are here
+# (best_effort takes what arrived by admission); the stop-policy fault sets its own policy.
+SPEC = EngineSpec(page_size=16, device_tokens=1024, prefetch_threshold=64, stop_policy="wait_complete")
 
 WRITE_STEPS = ["compute", "write policy", "device to host", "backed-up ack", "page keys", "object keys",
                "batch_is_exist", "batch_put_from", "verify on master"]
@@ -104,7 +106,7 @@ def test_cli_bad_input_exits_2(args, fragment):
 
 
 def test_against_a_running_serve(tmp_path):
-    serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64")
+    serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
     try:
         ids = ",".join(map(str, TOKENS))
         write = runner.invoke(app, ["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
@@ -127,9 +129,10 @@ def test_unreachable_serve_exits_3():
     "spec",
     [
         EngineSpec(geometry=preset("tiny-mla"), page_size=16,
-                   device_tokens=1024, prefetch_threshold=64, tp_size=2),
+                   device_tokens=1024, prefetch_threshold=64, tp_size=2, stop_policy="wait_complete"),
         EngineSpec(geometry=ModelGeometry.mha(2, 4, 16),
-                   page_size=16, device_tokens=512, prefetch_threshold=64, tp_size=2, layout="page_head", tp_lcm_size=4),
+                   page_size=16, device_tokens=512, prefetch_threshold=64, tp_size=2, layout="page_head", tp_lcm_size=4,
+                   stop_policy="wait_complete"),
     ],
     ids=["mla-tp2", "page-head-split-heads"],
 )

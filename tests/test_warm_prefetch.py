@@ -19,7 +19,8 @@ from hicache_ops.tokens import read_prompts
 from hicache_ops.warm import warm_serve
 
 runner = CliRunner()
-SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
+# wait_complete: storage-hit assertions must not depend on how fast L3 reads are on a busy machine.
+SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32", "--hicache-storage-prefetch-policy", "wait_complete")
 
 
 def write_prompts(path, n: int, seed: int, length: int = 100) -> str:
