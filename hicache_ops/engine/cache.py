@@ -165,6 +165,10 @@ class PagePool:
     def give(self, page: int) -> None:
         self._free.append(page)
 
+    def give_many(self, pages: list[int]) -> None:
+        """The same as give() for each page, in order."""
+        self._free.extend(pages)
+
     def reset(self) -> None:
         self._free = list(range(self.capacity - 1, -1, -1))
 
@@ -226,36 +230,31 @@ class TieredCache:
         return self.host.take_many(n)
 
     def _evict_device(self, n: int) -> None:
-        evicted = 0
-        tree, stats, give = self.tree, self.stats, self.device.give  # hoisted: this runs per evicted page
-        write_back = self.config.write_policy == "write_back"
-        for node in tree.device_victims(lambda x: x.lock_ref == 0):
-            if not node.backed_up and write_back:
-                if self._backup_to_host([node], pinned={id(node)}):
-                    stats.write_back_backups += 1
-            if not node.backed_up and node.children:
-                continue  # its children still need it in the tree, and it has no other copy
-            give(tree.clear_device(node))
-            stats.device_evictions += 1
-            if not node.backed_up:
-                stats.dropped_pages += 1
-                tree.remove_if_unused(node)
-            evicted += 1
-            if evicted >= n:
-                return
+        """Leaf-only LRU (PageTree.evict_device): a backed-up page keeps its host copy, one that
+        is not is dropped; write_back backs a page up as it leaves."""
+        write_back = self._write_back_one if self.config.write_policy == "write_back" else None
+        freed: list[int] = []
+        dropped = 0
+        try:
+            dropped = self.tree.evict_device(n, freed, write_back)  # (not `stats.x += call()`: the call may count drops itself)
+        finally:
+            self.device.give_many(freed)
+            self.stats.device_evictions += len(freed)
+            self.stats.dropped_pages += dropped
+
+    def _write_back_one(self, node: PageNode) -> None:
+        if self._backup_to_host([node], pinned={id(node)}):
+            self.stats.write_back_backups += 1
 
     def _evict_host(self, n: int, pinned: set[int]) -> None:
-        evicted = 0
-        tree, stats, give = self.tree, self.stats, self.host.give
-        for node in tree.host_victims(lambda x: x.host_ref == 0 and id(x) not in pinned):
-            give(tree.clear_host(node))
-            stats.host_evictions += 1
-            if node.device_page < 0:
-                stats.dropped_pages += 1
-                tree.remove_if_unused(node)
-            evicted += 1
-            if evicted >= n:
-                return
+        freed: list[int] = []
+        dropped = 0
+        try:
+            dropped = self.tree.evict_host(n, pinned, freed)  # (not `stats.x += call()`: the call may count drops itself)
+        finally:
+            self.host.give_many(freed)
+            self.stats.host_evictions += len(freed)
+            self.stats.dropped_pages += dropped
 
     # -- backups --------------------------------------------------------------------------------
 
@@ -289,7 +288,7 @@ class TieredCache:
         write asks batch_is_exist first, so present objects are not put again)."""
         if self.l3 is None:
             return
-        nodes = [n for n in nodes if n.on_host and (recheck or not n.stored)]
+        nodes = [n for n in nodes if n.backed_up and n.host_page >= 0 and (recheck or not n.stored)]  # on_host
         if not nodes:
             return
         for node in nodes:
@@ -356,11 +355,11 @@ class TieredCache:
         timings["hash"] = (time.perf_counter() - t0) * 1e3
 
         matched = self.tree.match(tree_keys)
-        d = 0
-        while d < len(matched) and matched[d].on_device:
+        d = 0  # (on_device / on_host, inlined: these run once per matched page)
+        while d < len(matched) and matched[d].device_page >= 0:
             d += 1
         h = d
-        while h < len(matched) and matched[h].on_host:
+        while h < len(matched) and matched[h].backed_up and matched[h].host_page >= 0:
             h += 1
         self._emit(
             "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=matched[:d], host_nodes=matched[d:h],
@@ -396,16 +395,9 @@ class TieredCache:
                 pages = self._alloc_device(n_pages - pos)
                 self.plane.compute(pages, storage_keys[pos:n_pages])
                 self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
-                get_or_add, set_device = self.tree.get_or_add, self.tree.set_device  # hoisted: per page
-                for i, page in zip(range(pos, n_pages), pages):
-                    node = get_or_add(tree_keys[i], storage_keys[i], parent, i)
-                    if node.device_page >= 0:  # cannot happen: the tree did not match it
-                        self.device.give(page)
-                    else:
-                        set_device(node, page, offer=False)  # pinned below, re-stamped by touch()
-                    node.lock_ref += 1
-                    new_nodes.append(node)
-                    parent = node
+                # get_or_add + set_device + pin per page, in one loop; touch() below re-stamps them.
+                new_nodes, unused = self.tree.insert_on_device(tree_keys, storage_keys, pos, pages, parent)
+                self.device.give_many(unused)  # none: the tree did not match these pages
                 path.extend(new_nodes)
             result.computed += (n_pages - pos) * ps + result.trailing_tokens
             timings["compute"] = (time.perf_counter() - t) * 1e3
@@ -471,8 +463,7 @@ class TieredCache:
         else:
             self.plane.compute(pages, [n.storage_key for n in nodes])
             result.computed += len(nodes) * self.config.page_size
-        for node, page in zip(nodes, pages):
-            self.tree.set_device(node, page)
+        self.tree.set_device_many(nodes, pages)
 
     def _prefetch(self, anchor, tree_keys, storage_keys, pos, result) -> list[PageNode]:
         """L3 -> L2 -> L1 for the unmatched suffix; returns the new (device-resident) nodes."""
@@ -533,9 +524,14 @@ class TieredCache:
         result.bytes_read_from_l3 += outcome.nbytes
         info.budget_s = cfg.timeout_budget.seconds(hit * ps, cfg.sglang_version)
         info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s)
-        done = 0
-        while done < hit and outcome.ok[done] and outcome.done_at[done] <= info.deadline_s:
-            done += 1
+        ok, done_at, deadline = outcome.ok[:hit], outcome.done_at[:hit], info.deadline_s
+        total = sum(done_at)
+        if len(ok) == len(done_at) == hit and all(ok) and total == total and max(done_at, default=0) <= deadline:
+            done = hit  # every page arrived, in time (and no NaN): the loop below in one step
+        else:
+            done = 0
+            while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
+                done += 1
         info.elapsed_s = max(outcome.done_at) if outcome.done_at else 0.0
         info.timeout_would_cut = info.elapsed_s > max(cfg.admission_s, info.budget_s)
         info.completed_pages = done
@@ -545,19 +541,13 @@ class TieredCache:
                 if not outcome.ok[done]
                 else f"{cfg.stop_policy} stopped waiting after {info.deadline_s:.3f}s with {done} of {hit} pages"
             )
-        for page in host_pages[done:]:
-            self.host.give(page)
-        info.mismatched_pages = sum(1 for v in outcome.verified[:done] if not v)
+        self.host.give_many(host_pages[done:])
+        verified = outcome.verified[:done]
+        info.mismatched_pages = len(verified) - sum(map(bool, verified))
         result.mismatched_pages += info.mismatched_pages
         self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
-        nodes = []
-        parent = anchor
-        for i in range(done):
-            node = self.tree.get_or_add(tree_keys[pos + i], storage_keys[pos + i], parent, pos + i)
-            self.tree.set_host(node, host_pages[i], offer=False)  # touch() below offers the leaves
-            node.stored = True
-            nodes.append(node)
-            parent = node
+        # get_or_add + set_host + stored per page, in one loop; touch() offers the leaves.
+        nodes = self.tree.insert_on_host(tree_keys, storage_keys, pos, host_pages[:done], anchor)
         self.tree.touch(nodes)
         self._emit("insert", nodes=nodes)
         return nodes

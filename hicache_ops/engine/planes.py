@@ -124,5 +124,6 @@ class MemoryL3:
 
     def read(self, storage_keys, host_pages) -> ReadOutcome:
         n = len(storage_keys)
-        done_at = [(i + 1) * self.read_latency_s for i in range(n)]
+        latency = self.read_latency_s
+        done_at = [(i + 1) * latency for i in range(n)] if latency else [latency] * n
         return ReadOutcome(ok=[True] * n, done_at=done_at, verified=[True] * n, nbytes=n * self.bytes_per_page)

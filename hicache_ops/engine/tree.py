@@ -164,6 +164,64 @@ class PageTree:
             parent.children += 1
         return node
 
+    def insert_on_device(
+        self, tree_keys: list[str], storage_keys: list[str], start: int, pages: list[int], parent: PageNode | None
+    ) -> tuple[list[PageNode], list[int]]:
+        """Pages start, start+1, ... of a prompt: get_or_add each, give it the next device page
+        (set_device with offer=False) and pin it (lock_ref + 1), in one loop.
+
+        The caller must re-stamp the nodes with touch() before any eviction (the prefill's compute
+        step). Returns (the nodes, the device pages not used because a node already had one).
+        """
+        nodes, clock = self.nodes, self._clock
+        out: list[PageNode] = []
+        unused: list[int] = []
+        for i, page in enumerate(pages, start):
+            key = tree_keys[i]
+            node = nodes.get(key)
+            if node is None:  # add(), inlined
+                node = PageNode(key, storage_keys[i], parent, i)
+                node.last_access = next(clock)
+                nodes[key] = node
+                if parent is not None:
+                    parent.children += 1
+            if node.device_page >= 0:
+                unused.append(page)
+            else:
+                if node.parent is not None:
+                    node.parent.device_children += 1
+                node.device_page = page
+            node.lock_ref += 1
+            out.append(node)
+            parent = node
+        return out, unused
+
+    def insert_on_host(
+        self, tree_keys: list[str], storage_keys: list[str], start: int, pages: list[int], parent: PageNode | None
+    ) -> list[PageNode]:
+        """Pages start, start+1, ... of a prompt read from L3: get_or_add each, give it the next
+        host page (set_host with offer=False) and mark it stored, in one loop. The caller offers
+        them with touch() before any eviction."""
+        nodes, clock = self.nodes, self._clock
+        out: list[PageNode] = []
+        for i, page in enumerate(pages, start):
+            key = tree_keys[i]
+            node = nodes.get(key)
+            if node is None:
+                node = PageNode(key, storage_keys[i], parent, i)
+                node.last_access = next(clock)
+                nodes[key] = node
+                if parent is not None:
+                    parent.children += 1
+            if node.host_page < 0 and node.parent is not None:
+                node.parent.host_children += 1
+            node.host_page = page
+            node.backed_up = True
+            node.stored = True
+            out.append(node)
+            parent = node
+        return out
+
     # -- tier state changes keep the parents' child counts right ---------------------------------
 
     # (_offer is inlined below where it runs once per page: device entry first, then host.)
@@ -181,6 +239,19 @@ class PageTree:
             self._device_heap.push((node.last_access, next(self._seq), node))
         if node.host_page >= 0 and node.host_children == 0:
             self._host_heap.push((node.last_access, next(self._seq), node))
+
+    def set_device_many(self, nodes: list[PageNode], pages: list[int]) -> None:
+        """set_device(node, page) for each pair, in order, in one loop."""
+        device_push, host_push, seq = self._device_heap.push, self._host_heap.push, self._seq
+        for node, page in zip(nodes, pages):
+            parent = node.parent
+            if node.device_page < 0 and parent is not None:
+                parent.device_children += 1
+            node.device_page = page
+            if page >= 0 and node.device_children == 0:
+                device_push((node.last_access, next(seq), node))
+            if node.host_page >= 0 and node.host_children == 0:
+                host_push((node.last_access, next(seq), node))
 
     def clear_device(self, node: PageNode) -> int:
         page = node.device_page
@@ -298,6 +369,168 @@ class PageTree:
         finally:
             for entry in skipped:  # pinned now, evictable later
                 queue.push(entry)
+
+    # -- eviction in one pass (the per-page hot path of the cache) ------------------------------
+
+    def evict_device(
+        self, n: int, freed: list[int], write_back: Callable[[PageNode], object] | None = None
+    ) -> int:
+        """Evict up to `n` unpinned device leaves, least recently used first.
+
+        A leaf that is backed up leaves the device and keeps its host copy; one that is not is
+        dropped (it leaves the tree unless it has children), except that a leaf with children and
+        no host copy is passed over: its children still need it. `write_back(node)`, when given,
+        is called first for a leaf with no host copy (the write_back policy backs it up then).
+        The freed device pages are appended to `freed` in eviction order as they go (so a caller
+        gets them back even if `write_back` raises); returns how many of them were dropped. The
+        same as iterating device_victims() and calling clear_device()/remove_if_unused() on each.
+        """
+        queue, nodes, seq = self._device_heap, self.nodes, self._seq
+        fifo, heap = queue.fifo, queue.heap
+        device_push = queue.push
+        evicted = dropped = 0
+        skipped = []
+        # The entries the last eviction offered for its parent (clear_device's, and
+        # remove_if_unused's duplicate), held back instead of pushed: when the first is smaller
+        # than both heads it is exactly the entry the queue would pop next, so it is taken
+        # without a push and a pop; otherwise both go into the queue as usual.
+        pending: list[tuple[int, int, PageNode]] = []
+        try:
+            while True:
+                duplicate = None
+                if pending:
+                    first = pending[0]
+                    if (fifo and fifo[0] < first) or (heap and heap[0] < first):
+                        for held in pending:
+                            device_push(held)
+                        pending = []
+                        continue
+                    entry = first
+                    if len(pending) > 1:
+                        duplicate = pending[1]
+                    pending = []
+                elif fifo or heap:
+                    entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
+                else:
+                    break
+                node = entry[2]
+                if (
+                    entry[0] != node.last_access
+                    or node.device_page < 0
+                    or node.device_children
+                    or nodes.get(node.key) is not node
+                ):
+                    if duplicate is not None:
+                        device_push(duplicate)
+                    continue  # stale entry
+                if node.lock_ref:
+                    skipped.append(entry)
+                    if duplicate is not None:
+                        device_push(duplicate)
+                    continue
+                if write_back is not None and not node.backed_up:
+                    write_back(node)
+                if not node.backed_up and node.children:
+                    if duplicate is not None:
+                        device_push(duplicate)
+                    continue  # its children still need it in the tree, and it has no other copy
+                # The node leaves the device now: a held duplicate of its entry could only ever be
+                # popped stale (the node left the tree, or it is back on the device only through a
+                # load-back that offers it anew and pins it), so it is dropped.
+                #
+                # clear_device(), inlined. Its host offers are left out: leaving the device changes
+                # no node's host leafness, and a live host leaf always has an entry already (the
+                # host eviction treats duplicates alike), so they could only add duplicates.
+                freed.append(node.device_page)
+                node.device_page = -1
+                parent = node.parent
+                if parent is not None:
+                    parent.device_children -= 1
+                    if parent.device_page >= 0 and parent.device_children == 0:
+                        pending.append((parent.last_access, next(seq), parent))
+                if not node.backed_up:
+                    dropped += 1
+                    # remove_if_unused(), inlined
+                    if node.host_page < 0 and not node.children:
+                        del nodes[node.key]
+                        if parent is not None:
+                            parent.children -= 1
+                            if parent.device_page >= 0 and parent.device_children == 0:
+                                pending.append((parent.last_access, next(seq), parent))
+                evicted += 1
+                if evicted >= n:
+                    break
+        finally:
+            for held in pending:
+                device_push(held)
+            for entry in skipped:  # pinned now, evictable later
+                device_push(entry)
+        return dropped
+
+    def evict_host(self, n: int, pinned: set[int], freed: list[int]) -> int:
+        """Evict up to `n` host leaves, least recently used first, skipping nodes with a host pin
+        (`host_ref`) or whose id() is in `pinned`. A node on no tier afterwards leaves the tree.
+        Appends the freed host pages to `freed` in eviction order; returns how many were dropped.
+        The same as iterating host_victims() and calling clear_host()/remove_if_unused() on each.
+        """
+        queue, nodes, seq = self._host_heap, self.nodes, self._seq
+        fifo, heap = queue.fifo, queue.heap
+        device_push, host_push = self._device_heap.push, queue.push
+        evicted = dropped = 0
+        skipped = []
+        held = None  # the parent's entry the last eviction offered, held back as in evict_device
+        try:
+            while True:
+                if held is not None:
+                    if (fifo and fifo[0] < held) or (heap and heap[0] < held):
+                        host_push(held)
+                        held = None
+                        continue
+                    entry, held = held, None
+                elif fifo or heap:
+                    entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
+                else:
+                    break
+                node = entry[2]
+                if (
+                    entry[0] != node.last_access
+                    or node.host_page < 0
+                    or node.host_children
+                    or nodes.get(node.key) is not node
+                ):
+                    continue  # stale entry
+                if node.host_ref or id(node) in pinned:
+                    skipped.append(entry)
+                    continue
+                # clear_host(), inlined
+                freed.append(node.host_page)
+                node.host_page = -1
+                node.backed_up = False
+                parent = node.parent
+                if parent is not None:
+                    parent.host_children -= 1
+                    if parent.device_page >= 0 and parent.device_children == 0:
+                        device_push((parent.last_access, next(seq), parent))
+                    if parent.host_page >= 0 and parent.host_children == 0:
+                        held = (parent.last_access, next(seq), parent)
+                if node.device_page < 0:
+                    dropped += 1
+                    # remove_if_unused(), inlined (the node is on no tier now)
+                    if not node.children:
+                        del nodes[node.key]
+                        if parent is not None:
+                            parent.children -= 1
+                            if parent.device_page >= 0 and parent.device_children == 0:
+                                device_push((parent.last_access, next(seq), parent))
+                evicted += 1
+                if evicted >= n:
+                    break
+        finally:
+            if held is not None:
+                host_push(held)
+            for entry in skipped:  # pinned now, evictable later
+                host_push(entry)
+        return dropped
 
     def clear(self) -> None:
         self.nodes.clear()
