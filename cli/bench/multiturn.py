@@ -1,0 +1,221 @@
+"""`hicache bench multiturn`: seed 002's multi-turn workload against the embedded tiered cache,
+L1 / L1+L2 / L1+L2+L3 side by side, each configuration's hit rate by round beside the ceiling."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from hicache_ops.errors import InputError
+
+from ..options import JsonOption, SglangVersionOption
+from ..output import emit, reporting, stderr, stdout
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def _tokens(n: int) -> str:
+    if n >= 10**6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 10**4:
+        return f"{n / 1e3:.0f}K"
+    return f"{n:,}"
+
+
+def _render(data: dict) -> None:
+    from rich.table import Table
+
+    w, pools = data["workload"], data["pools"]
+    configs = list(data["configurations"])
+    labels = {name: data["configurations"][name]["label"] for name in configs}
+    stdout.print(
+        f"{w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + {w['output_tokens']} output) "
+        f"tokens, page {w['page_size']}, seed {w['seed']}, {data['mode']} mode",
+        highlight=False,
+    )
+    stdout.print(
+        f"L1 {pools['device_tokens']:,} tokens ({pools['l1_rounds']:.2f} rounds of every history), "
+        f"L2 {pools['host_tokens']:,} tokens (ratio {pools['hicache_ratio']:g}, {pools['write_policy']}), "
+        "L3 unbounded",
+        highlight=False,
+    )
+    table = Table(
+        title="prompt-token hit rate by round, and prefilled (computed) prompt tokens",
+        title_justify="left", show_edge=False, pad_edge=False,
+    )
+    table.add_column("round", justify="right")
+    table.add_column("ceiling", justify="right")
+    for name in configs:
+        table.add_column(labels[name], justify="right")
+    table.add_column("prefilled " + " / ".join(labels[name] for name in configs), justify="right", style="dim")
+    cliffs = data["cliffs"]
+    for entry in data["rounds"]:
+        r = entry["round"]
+        cells = [str(r), _percent(entry["ceiling"])]
+        for name in configs:
+            text = _percent(entry[name])
+            if cliffs[name]["leaves_ceiling"] == r:
+                text = f"[bold red]{text}[/]"
+            cells.append(text)
+        cells.append(" / ".join(_tokens(entry["prefilled_tokens"][name]) for name in configs))
+        table.add_row(*cells)
+    stdout.print(table)
+    stdout.print(
+        "ceiling = h_max(r) = history / (history + new question); a cache of whole pages reaches the "
+        "history floored to pages (the gap of a few tenths in early rounds).",
+        highlight=False,
+    )
+
+    prefilled = data["prefilled_tokens"]
+    base = prefilled.get("l1")
+    stdout.print(f"prompt tokens: {_tokens(data['prompt_tokens'])}; prefilled (computed) tokens:", highlight=False)
+    for name in configs:
+        ratio = f"  ({base / prefilled[name]:.1f}x fewer than L1)" if base and name != "l1" and prefilled[name] else ""
+        stdout.print(f"  {labels[name]:<9} {_tokens(prefilled[name]):>7}{ratio}", highlight=False)
+    stdout.print(
+        f"  {'ceiling':<9} {_tokens(prefilled['ceiling']):>7}  (the new questions and each history's partial last page)",
+        highlight=False,
+    )
+    stdout.print("cliffs (first round below the ceiling; predicted from the pool sizes):", highlight=False)
+    for name in configs:
+        c = cliffs[name]
+        seen = "never" if c["leaves_ceiling"] is None else f"round {c['leaves_ceiling']}"
+        predicted = "none" if c["predicted"] is None else f"round {c['predicted']}"
+        zero = f", zero from round {c['zero_from']}" if c["zero_from"] is not None else ""
+        stdout.print(f"  {labels[name]:<9} {seen}{zero}  (predicted: {predicted})", highlight=False)
+    times = ", ".join(f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s" for n in configs)
+    stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}", highlight=False)
+    if data.get("plot"):
+        stdout.print(f"plot: {data['plot']}", highlight=False)
+
+
+class _Progress:
+    """Rounds done per configuration on stderr: rewritten in place on a terminal (5 times a
+    second at most), one line every 5 seconds otherwise, and a last line when all are done."""
+
+    def __init__(self, enabled: bool, configs: int = 3):
+        self.enabled = enabled
+        self.configs = configs
+        self.tty = sys.stderr.isatty()
+        self.done: dict[str, int] = {}
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, name: str, r: int, rounds: int) -> None:
+        if not self.enabled:
+            return
+        self.done[name] = r + 1
+        now = time.monotonic()
+        finished = len(self.done) == self.configs and all(v == rounds for v in self.done.values())
+        if not finished and now - self.last < (0.2 if self.tty else 5.0):
+            return
+        self.last = now
+        from hicache_ops.bench_multiturn import CONFIGS, LABELS
+
+        parts = "  ".join(f"{LABELS[n]} {self.done[n]}/{rounds}" for n in CONFIGS if n in self.done)
+        line = f"rounds done: {parts}  ({now - self.t0:.0f}s)"
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if finished else ""))
+            sys.stderr.flush()
+        else:
+            stderr.print(line, highlight=False)
+
+
+def multiturn(
+    clients: Annotated[int, typer.Option("--clients", help="Conversations, each with its own history.")] = 48,
+    rounds: Annotated[int, typer.Option("--rounds", help="Turns per conversation (a barrier between rounds).")] = 60,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="New question tokens per turn.")] = 4096,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Answer tokens per turn.")] = 16,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page (SGLang --page-size).")] = 64,
+    l1_tokens: Annotated[
+        int | None, typer.Option("--l1-tokens", help="Device (L1) pool in tokens.", show_default=False)
+    ] = None,
+    l1_rounds: Annotated[
+        float | None,
+        typer.Option(
+            "--l1-rounds",
+            help="Device (L1) pool as rounds of every client's history (default 18, seed 002's calibration).",
+            show_default=False,
+        ),
+    ] = None,
+    hicache_ratio: Annotated[
+        float, typer.Option("--hicache-ratio", help="Host (L2) pool = ratio x device pool, plus one page.")
+    ] = 2.0,
+    write_policy: Annotated[
+        str,
+        typer.Option(
+            "--hicache-write-policy", help="write_through, write_through_selective or write_back."
+        ),
+    ] = "write_through",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.")] = 20260626,
+    accounting_only: Annotated[
+        bool,
+        typer.Option(
+            "--accounting-only",
+            help="Count bytes instead of moving them (same tree, eviction and policies): the published scale.",
+        ),
+    ] = False,
+    preset: Annotated[
+        str, typer.Option("--preset", help="KV geometry behind the byte counts and real-bytes pools.")
+    ] = "tiny",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Processes for the three configurations (default: 3 in accounting mode with two CPUs or more, else 1).",
+            show_default=False,
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None, typer.Option("--plot", help="Write hit rate by round to this PNG.", show_default=False)
+    ] = None,
+    sglang_version: SglangVersionOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r)."""
+    with reporting(json_output):
+        from hicache_ops.bench_multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
+        from hicache_ops.versions import default_version
+
+        if workers is not None and workers < 1:
+            raise InputError(f"--workers {workers} must be 1 or more.")
+        if plot is not None and not plot.lower().endswith(".png"):
+            raise InputError(f"--plot {plot!r} must name a .png file.")
+        spec = MultiturnSpec(
+            clients=clients,
+            rounds=rounds,
+            new_tokens=new_tokens,
+            output_tokens=output_tokens,
+            page_size=page_size,
+            l1_tokens=l1_tokens,
+            l1_rounds=l1_rounds,
+            hicache_ratio=hicache_ratio,
+            write_policy=write_policy,
+            seed=seed,
+            accounting_only=accounting_only,
+            sglang_version=sglang_version or default_version(),
+            preset=preset,
+        ).validate()
+        if plot is not None:
+            _check_writable(plot)
+        result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
+        data = result.to_json()
+        if plot is not None:
+            data["plot"] = plot_hit_rates(result, plot)
+        emit(data, json_output, _render)
+
+
+def _check_writable(path: str) -> None:
+    """Fail before a long run rather than after it."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"--plot {path!r}: the folder {folder} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"--plot {path!r}: the folder {folder} is not writable.")

@@ -1,0 +1,626 @@
+"""The multi-turn benchmark of seed 002 / FACTS §8, run against the embedded tiered cache.
+
+Workload (SGLang's `benchmark/hicache/bench_multiturn.py`): `clients` conversations, each with a
+growing history of random token ids (one fixed seed, a different history per client). In round r
+a client's prompt is its history plus a new question of `new_tokens`; the answer of
+`output_tokens` then joins the history. A round barrier: every client is served once per round,
+in the same order every round. Hit rate = cached prompt tokens / prompt tokens.
+
+Each request is one `TieredCache.prefill` of prompt + answer: the answer's pages join the tree as
+a finished request's decode leaves them (SGLang caches a finished request's prompt and output),
+while the hit counts belong to the prompt alone (the cached prefix can never reach into the new
+question or the answer). Prefilled tokens = prompt tokens - cached tokens. One prefill is one
+hit per page, as in SGLang 0.5.23 (a request's second insert at finish does not count its own
+pages again): under write_through_selective a page is backed up by the next request that still
+finds it in L1, so after the L1 cliff new turns never reach L2 or L3.
+
+The same workload runs side by side in three configurations of the same engine code (tree,
+eviction, write and prefetch policies): L1 only, L1+L2, L1+L2+L3. The only difference between
+the accounting-only mode and the real-bytes mode is the plane factory (`_build_accounting` /
+`_build_bytes`): the engine builder's byte-free planes, or real device/host pools and Mooncake.
+
+The ceiling: round r's prompt has r*(new+output) tokens of history and `new` fresh ones, so no
+cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 that is FACTS §8's
+4112r / (4096(r+1) + 16r). A page-granular cache reaches floor(r*(n+o)/page)*page of it
+(`ceiling_paged`).
+
+Pure library: no typer, no rich; torch and mooncake are imported only by the real-bytes mode.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import HicacheError, InputError
+from .versions import NEWEST, validate_version
+
+CONFIGS: tuple[str, ...] = ("l1", "l1_l2", "l1_l2_l3")
+LABELS: dict[str, str] = {"l1": "L1", "l1_l2": "L1+L2", "l1_l2_l3": "L1+L2+L3"}
+# The published run's seed (seed 002: `bench_multiturn.py` draws token ids with 20260626).
+PUBLISHED_SEED = 20260626
+# Seed 002 puts the GPU pool at 18 rounds of every client's history to land the L1 cliff where
+# the published figure shows it.
+DEFAULT_L1_ROUNDS = 18.0
+# Random token ids are drawn below this (a typical vocabulary size).
+VOCAB_SIZE = 32000
+# Refuse workloads whose token ids alone would take more than this many bytes (uint32).
+MAX_WORKLOAD_BYTES = 2 * 2**30
+# Real-bytes mode moves and verifies every page's KV: it refuses conversations longer than this
+# (clients x rounds x (new + output) tokens); the published scale is an accounting-only run.
+MAX_REAL_BYTES_TOKENS = 2**20
+# Real-bytes L3: the Mooncake segment holds every page once, with this much headroom.
+SEGMENT_HEADROOM = 1.25
+SEGMENT_EXTRA_BYTES = 16 * 2**20
+
+Progress = Callable[[str, int, int], None]  # (configuration, round just finished, rounds)
+
+
+@dataclass(frozen=True)
+class MultiturnSpec:
+    """The workload and the pools. Exactly one of `l1_tokens` / `l1_rounds` sizes the device pool
+    (neither: DEFAULT_L1_ROUNDS rounds); the host pool is `hicache_ratio` x device, plus one page."""
+
+    clients: int = 48
+    rounds: int = 60
+    new_tokens: int = 4096
+    output_tokens: int = 16
+    page_size: int = 64
+    l1_tokens: int | None = None
+    l1_rounds: float | None = None
+    hicache_ratio: float = 2.0
+    write_policy: str = "write_through"
+    seed: int = PUBLISHED_SEED
+    accounting_only: bool = True
+    sglang_version: str = NEWEST
+    preset: str = "tiny"  # the KV geometry behind the byte counts (and the real-bytes pools)
+
+    # -- derived sizes ------------------------------------------------------------------------
+
+    @property
+    def turn_tokens(self) -> int:
+        return self.new_tokens + self.output_tokens
+
+    def prompt_tokens(self, r: int) -> int:
+        """Round r's prompt of one client: its history plus the new question."""
+        return r * self.turn_tokens + self.new_tokens
+
+    def history_pages(self, rounds_done: int) -> int:
+        """Whole pages of one client's history after `rounds_done` rounds (prompts + answers)."""
+        return rounds_done * self.turn_tokens // self.page_size
+
+    def ceiling(self, r: int) -> float:
+        """h_max(r): the share of round r's prompt that any cache could hit."""
+        history = r * self.turn_tokens
+        return history / (history + self.new_tokens)
+
+    def ceiling_paged(self, r: int) -> float:
+        """What a cache of whole pages can hit at most: the history floored to pages."""
+        return self.history_pages(r) * self.page_size / self.prompt_tokens(r)
+
+    @property
+    def device_pages(self) -> int:
+        if self.l1_tokens is not None:
+            return self.l1_tokens // self.page_size
+        rounds = DEFAULT_L1_ROUNDS if self.l1_rounds is None else self.l1_rounds
+        return int(rounds * self.clients * self.turn_tokens) // self.page_size
+
+    @property
+    def device_tokens(self) -> int:
+        return self.device_pages * self.page_size
+
+    @property
+    def l1_rounds_effective(self) -> float:
+        """The device pool as rounds of every client's history."""
+        return self.device_tokens / (self.clients * self.turn_tokens)
+
+    def validate(self) -> MultiturnSpec:
+        def positive_int(name: str, value, minimum: int = 1) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InputError(f"--{name} {value!r} must be an integer >= {minimum}.")
+
+        positive_int("clients", self.clients)
+        positive_int("rounds", self.rounds)
+        positive_int("new-tokens", self.new_tokens)
+        positive_int("output-tokens", self.output_tokens, 0)
+        positive_int("page-size", self.page_size)
+        positive_int("seed", self.seed, 0)
+        validate_version(self.sglang_version)
+        from .engine.policy import check_write_policy
+
+        check_write_policy(self.write_policy)
+        if self.l1_tokens is not None and self.l1_rounds is not None:
+            raise InputError("give --l1-tokens or --l1-rounds, not both.")
+        if self.l1_tokens is not None:
+            positive_int("l1-tokens", self.l1_tokens, self.page_size)
+        if self.l1_rounds is not None and not (math.isfinite(self.l1_rounds) and self.l1_rounds > 0):
+            raise InputError(f"--l1-rounds {self.l1_rounds!r} must be a number above 0.")
+        ratio = self.hicache_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 1:
+            raise InputError(
+                f"--hicache-ratio {ratio!r} must be above 1: SGLang needs the host pool larger than the device pool."
+            )
+        if self.device_pages < 1:
+            raise InputError(
+                f"the device pool of {self.device_tokens} tokens holds no whole {self.page_size}-token page.",
+                hint="Give a larger --l1-tokens or --l1-rounds.",
+            )
+        largest = self.rounds * self.turn_tokens  # the last round's prompt plus its answer
+        if largest // self.page_size > self.device_pages:
+            raise InputError(
+                f"the device pool of {self.device_tokens} tokens cannot hold round {self.rounds - 1}'s "
+                f"prompt and answer of {largest} tokens.",
+                hint=f"Give --l1-tokens {largest} or more, or fewer --rounds.",
+            )
+        if self.clients * self.rounds * self.turn_tokens * 4 > MAX_WORKLOAD_BYTES:
+            raise InputError(
+                f"{self.clients} clients x {self.rounds} rounds x {self.turn_tokens} tokens is more than "
+                f"{MAX_WORKLOAD_BYTES // 2**30} GiB of token ids.",
+                hint="Use fewer clients, rounds or tokens per turn.",
+            )
+        from .layouts import preset
+
+        preset(self.preset)
+        conversation = self.clients * self.rounds * self.turn_tokens
+        if not self.accounting_only and conversation > MAX_REAL_BYTES_TOKENS:
+            raise InputError(
+                f"real-bytes mode moves every page's KV, and {conversation:,} tokens of conversation is more than "
+                f"its {MAX_REAL_BYTES_TOKENS:,}-token limit.",
+                hint="Pass --accounting-only for this scale, or use fewer --clients, --rounds or tokens per turn.",
+            )
+        return self
+
+    def engine_spec(self, config: str):
+        """The engine builder's description of one configuration (pools by SGLang's rules)."""
+        from .engine.builder import EngineSpec
+        from .layouts import preset
+
+        return EngineSpec(
+            geometry=preset(self.preset),
+            page_size=self.page_size,
+            device_tokens=self.device_tokens,
+            hicache_ratio=float(self.hicache_ratio),
+            write_policy=self.write_policy,
+            sglang_version=self.sglang_version,
+            enable_l2=config != "l1",
+        )
+
+    @property
+    def host_pages(self) -> int:
+        """SGLang's host pool: int(device tokens x ratio) // page + 1 pages (FACTS §3)."""
+        return self.engine_spec("l1_l2").host_layout(mooncake=True).page_num
+
+    def predicted_cliffs(self) -> dict[str, int | None]:
+        """The first round whose clients' histories (prompt + answer, whole pages) outgrow a pool.
+
+        L1: the device pool. L1+L2 with write_through: the host pool, which then holds everything
+        the device does. L1+L2+L3: L3 is unbounded, no cliff. None: not within the run (or, for
+        the other write policies, not predicted).
+        """
+        def first_over(pages: int) -> int | None:
+            for r in range(self.rounds):
+                if self.clients * self.history_pages(r + 1) > pages:
+                    return r
+            return None
+
+        return {
+            "l1": first_over(self.device_pages),
+            "l1_l2": first_over(self.host_pages) if self.write_policy == "write_through" else None,
+            "l1_l2_l3": None,
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "clients": self.clients,
+            "rounds": self.rounds,
+            "new_tokens": self.new_tokens,
+            "output_tokens": self.output_tokens,
+            "page_size": self.page_size,
+            "seed": self.seed,
+            "vocab_size": VOCAB_SIZE,
+            "sglang_version": self.sglang_version,
+            "preset": self.preset,
+        }
+
+
+def workload_tokens(spec: MultiturnSpec) -> np.ndarray:
+    """(clients, rounds * (new + output)) token ids: client c's whole conversation, turn by turn
+    (question, answer, question, ...). Round r sends row[: r*(n+o) + n] and leaves row[: (r+1)*(n+o)]."""
+    rng = np.random.default_rng(spec.seed)
+    return rng.integers(0, VOCAB_SIZE, size=(spec.clients, spec.rounds * spec.turn_tokens), dtype=np.uint32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plane factories: the only difference between the two modes
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_accounting(spec: MultiturnSpec, config: str):
+    """(cache, close): the byte-free planes and an unbounded in-process L3."""
+    from .engine.builder import build_accounting
+
+    return build_accounting(spec.engine_spec(config), l3=config == "l1_l2_l3"), (lambda: None)
+
+
+def _build_bytes(spec: MultiturnSpec, config: str):
+    """(cache, close): real device and host pools; L3 is Mooncake (an embedded master and a store
+    client owning a segment sized for every page of the run)."""
+    try:
+        from .engine.builder import build_bytes
+        from .engine import bytes as _bytes_plane  # noqa: F401  (torch and the kernels)
+    except ImportError as exc:
+        raise InputError(
+            f"real-bytes mode needs the bytes plane (hicache_ops.engine.bytes), which cannot be imported here: {exc}.",
+            hint="Pass --accounting-only, or install torch and the package's kernels.",
+        ) from None
+    engine_spec = spec.engine_spec(config)
+    if config != "l1_l2_l3":
+        return build_bytes(engine_spec), (lambda: None)
+
+    from .mooncake.master import EmbeddedMaster
+    from .mooncake.store import StoreClient
+
+    host = engine_spec.host_layout(mooncake=True)
+    pages = spec.clients * spec.history_pages(spec.rounds)
+    segment = int(pages * host.bytes_per_page * engine_spec.tp_size * SEGMENT_HEADROOM) + SEGMENT_EXTRA_BYTES
+    master = EmbeddedMaster().start()
+    store = None
+    try:
+        store = StoreClient.connect(master.rpc_address, segment_size=segment)
+        cache = build_bytes(engine_spec, store)
+    except BaseException:
+        if store is not None:
+            store.close()
+        master.stop()
+        raise
+
+    def close() -> None:
+        try:
+            store.close()
+        finally:
+            master.stop()
+
+    return cache, close
+
+
+# ---------------------------------------------------------------------------------------------
+# One configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConfigRun:
+    """Per-round totals over all clients for one configuration."""
+
+    name: str
+    cached: list[int] = field(default_factory=list)
+    device_hit: list[int] = field(default_factory=list)
+    host_hit: list[int] = field(default_factory=list)
+    storage_hit: list[int] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    occupancy: dict = field(default_factory=dict)
+    device_pages: int = 0
+    host_pages: int = 0
+    elapsed_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = None,
+               tokens: np.ndarray | None = None) -> ConfigRun:
+    """Drive one configuration through every round of the workload."""
+    from dataclasses import asdict
+
+    if config not in CONFIGS:
+        raise InputError(f"configuration {config!r} is unknown.", hint=f"Use one of: {', '.join(CONFIGS)}.")
+    if tokens is None:
+        tokens = workload_tokens(spec)
+    factory = _build_accounting if spec.accounting_only else _build_bytes
+    cache, close = factory(spec, config)
+    run = ConfigRun(config, device_pages=cache.config.device_pages,
+                    host_pages=cache.config.host_pages if cache.config.enable_l2 else 0)
+    turn = spec.turn_tokens
+    # The run allocates millions of small, acyclic objects (tree nodes, queue entries): the cyclic
+    # collector finds nothing in them and, left on, costs a third of the run. Restored after.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        prefill = cache.prefill
+        for r in range(spec.rounds):
+            end = (r + 1) * turn
+            device = host = storage = 0
+            for c in range(spec.clients):
+                result = prefill(tokens[c, :end])
+                device += result.device_hit
+                host += result.host_hit
+                storage += result.storage_hit
+            cached = device + host + storage
+            run.cached.append(cached)
+            run.device_hit.append(device)
+            run.host_hit.append(host)
+            run.storage_hit.append(storage)
+            if progress is not None:
+                progress(config, r, spec.rounds)
+        run.stats = asdict(cache.stats)
+        run.occupancy = cache.occupancy()
+    finally:
+        run.elapsed_s = time.perf_counter() - t0
+        run.cpu_s = time.process_time() - c0
+        if gc_was_enabled:
+            gc.enable()
+        close()
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Three configurations side by side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MultiturnResult:
+    spec: MultiturnSpec
+    runs: dict[str, ConfigRun]
+    workers: int
+    wall_s: float
+
+    @property
+    def mode(self) -> str:
+        return "accounting" if self.spec.accounting_only else "bytes"
+
+    def prompt_tokens(self, r: int) -> int:
+        return self.spec.clients * self.spec.prompt_tokens(r)
+
+    def hit_rate(self, config: str, r: int) -> float:
+        return self.runs[config].cached[r] / self.prompt_tokens(r)
+
+    def prefilled(self, config: str, r: int) -> int:
+        return self.prompt_tokens(r) - self.runs[config].cached[r]
+
+    def ceiling_tokens(self, r: int) -> int:
+        """The most a page-granular cache can hit in round r, over all clients."""
+        return self.spec.clients * self.spec.history_pages(r) * self.spec.page_size
+
+    def cliffs(self) -> dict[str, dict]:
+        """Per configuration: the predicted cliff, the first round below the (paged) ceiling, and
+        the first round from which the hit rate stays at zero to the end."""
+        predicted = self.spec.predicted_cliffs()
+        out = {}
+        for name, run in self.runs.items():
+            rounds = range(self.spec.rounds)
+            leaves = next((r for r in rounds if run.cached[r] < self.ceiling_tokens(r)), None)
+            zero_from = None
+            for r in reversed(rounds):
+                if r == 0 or run.cached[r] != 0:
+                    break
+                zero_from = r
+            out[name] = {"predicted": predicted.get(name), "leaves_ceiling": leaves, "zero_from": zero_from}
+        return out
+
+    def to_json(self) -> dict:
+        spec = self.spec
+        rounds = []
+        for r in range(spec.rounds):
+            entry = {
+                "round": r,
+                "prompt_tokens": self.prompt_tokens(r),
+                "ceiling": spec.ceiling(r),
+                "ceiling_paged": spec.ceiling_paged(r),
+            }
+            entry.update({name: self.hit_rate(name, r) for name in self.runs})
+            entry["prefilled_tokens"] = {name: self.prefilled(name, r) for name in self.runs}
+            rounds.append(entry)
+        total_prompt = sum(self.prompt_tokens(r) for r in range(spec.rounds))
+        prefilled = {name: sum(self.prefilled(name, r) for r in range(spec.rounds)) for name in self.runs}
+        prefilled["ceiling"] = total_prompt - sum(self.ceiling_tokens(r) for r in range(spec.rounds))
+        configurations = {}
+        for name, run in self.runs.items():
+            s = run.stats
+            configurations[name] = {
+                "label": LABELS[name],
+                "device_pages": run.device_pages,
+                "host_pages": run.host_pages,
+                "l3": name == "l1_l2_l3",
+                "cached_tokens": sum(run.cached),
+                "device_hit_tokens": sum(run.device_hit),
+                "host_hit_tokens": sum(run.host_hit),
+                "storage_hit_tokens": sum(run.storage_hit),
+                "bytes": {
+                    "device_to_host": s.get("bytes_d2h", 0),
+                    "host_to_device": s.get("bytes_h2d", 0),
+                    "host_to_l3": s.get("bytes_l3_write", 0),
+                    "l3_to_host": s.get("bytes_l3_read", 0),
+                },
+                "device_evictions": s.get("device_evictions", 0),
+                "host_evictions": s.get("host_evictions", 0),
+                "mismatched_pages": s.get("mismatched_pages", 0),
+                "elapsed_s": run.elapsed_s,
+                "cpu_s": run.cpu_s,
+            }
+        return {
+            "mode": self.mode,
+            "workload": spec.to_json(),
+            "pools": {
+                "device_pages": spec.device_pages,
+                "device_tokens": spec.device_tokens,
+                "l1_rounds": spec.l1_rounds_effective,
+                "host_pages": spec.host_pages,
+                "host_tokens": spec.host_pages * spec.page_size,
+                "hicache_ratio": spec.hicache_ratio,
+                "write_policy": spec.write_policy,
+            },
+            "rounds": rounds,
+            "prompt_tokens": total_prompt,
+            "prefilled_tokens": prefilled,
+            "cliffs": self.cliffs(),
+            "configurations": configurations,
+            "workers": self.workers,
+            "wall_s": self.wall_s,
+        }
+
+
+def _worker(spec: MultiturnSpec, config: str, queue) -> None:
+    """Child process: run one configuration, report progress and the result on `queue`."""
+    try:
+        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)))
+        queue.put(("done", config, run))
+    except HicacheError as err:
+        queue.put(("error", config, (type(err).__name__, err.message, err.hint, err.exit_code)))
+    except BaseException as exc:  # a bug: hand it to the parent as text
+        queue.put(("crash", config, f"{type(exc).__name__}: {exc}"))
+
+
+class _WorkerError(HicacheError):
+    """A worker's HicacheError, re-raised in the parent with its message, hint and exit code."""
+
+    def __init__(self, message: str, hint: str | None, exit_code: int):
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+        self.code = {2: "input_error", 3: "unreachable"}.get(exit_code, "error")
+
+
+def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, progress: Progress | None) -> dict:
+    """Each configuration in its own process (they share nothing); at most `workers` at a time."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    # fork when this process runs one thread (the CLI; pytest): children start at once and need no
+    # importable __main__. With other threads about, forking could copy a held lock: spawn.
+    import threading
+
+    single = threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if single else "spawn")
+    queue = ctx.Queue()
+    pending = list(configs)
+    running: dict[str, object] = {}
+    runs: dict[str, ConfigRun] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                name = pending.pop(0)
+                proc = ctx.Process(target=_worker, args=(spec, name, queue), daemon=True)
+                proc.start()
+                running[name] = proc
+            try:
+                kind, name, payload = queue.get(timeout=1.0)
+            except queue_mod.Empty:
+                dead = [name for name, proc in running.items() if not proc.is_alive()]
+                if not dead:
+                    continue
+                try:  # a worker that just put its result and exited: its message is in the pipe
+                    kind, name, payload = queue.get(timeout=5.0)
+                except queue_mod.Empty:
+                    proc = running[dead[0]]
+                    raise RuntimeError(
+                        f"the {dead[0]} worker exited with code {proc.exitcode} without a result"
+                    ) from None
+            if kind == "progress":
+                if progress is not None:
+                    progress(name, payload, spec.rounds)
+            elif kind == "done":
+                runs[name] = payload
+                running.pop(name).join()
+            elif kind == "error":
+                _, message, hint, code = payload
+                raise _WorkerError(message, hint, code)
+            else:
+                raise RuntimeError(f"the {name} worker failed: {payload}")
+    finally:
+        for proc in running.values():
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout=5)
+    return runs
+
+
+def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, workers: int | None = None,
+                  configs: tuple[str, ...] = CONFIGS) -> MultiturnResult:
+    """Run the workload in each configuration; accounting mode spreads them over processes.
+
+    `workers` None: one process per configuration, up to the CPUs available, in accounting mode;
+    1 (and always in real-bytes mode) runs them one after another in this process.
+    """
+    spec.validate()
+    for name in configs:
+        if name not in CONFIGS:
+            raise InputError(f"configuration {name!r} is unknown.", hint=f"Use one of: {', '.join(CONFIGS)}.")
+    if workers is None:
+        # One process per configuration as soon as there are two CPUs: three processes on two
+        # CPUs finish sooner than two at a time, since the configurations take unequal times.
+        workers = len(configs) if spec.accounting_only and _cpus() >= 2 else 1
+    if not spec.accounting_only:
+        workers = 1
+    workers = max(1, min(workers, len(configs)))
+    t0 = time.perf_counter()
+    if workers == 1:
+        tokens = workload_tokens(spec)
+        runs = {name: run_config(spec, name, progress, tokens) for name in configs}
+    else:
+        runs = _run_parallel(spec, configs, workers, progress)
+        runs = {name: runs[name] for name in configs}
+    return MultiturnResult(spec, runs, workers, time.perf_counter() - t0)
+
+
+def _cpus() -> int:
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plot
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_hit_rates(result: MultiturnResult, path: str) -> str:
+    """Hit rate by round: one line per configuration plus the ceiling h_max(r); returns `path`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError(
+            "--plot needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
+        ) from None
+    spec = result.spec
+    rounds = list(range(spec.rounds))
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
+    ax.plot(rounds, [100 * spec.ceiling(r) for r in rounds], color="black", linestyle="--", linewidth=1.0,
+            label="ceiling $h_{max}(r)$", zorder=5)
+    styles = {"l1": ("tab:red", 2.6), "l1_l2": ("tab:orange", 2.0), "l1_l2_l3": ("tab:blue", 1.4)}
+    for name in result.runs:
+        color, width = styles[name]
+        ax.plot(rounds, [100 * result.hit_rate(name, r) for r in rounds], color=color, linewidth=width,
+                marker="o", markersize=2.5, label=LABELS[name])
+    for name, cliff in spec.predicted_cliffs().items():
+        if cliff is not None and name in result.runs:
+            ax.axvline(cliff, color=styles[name][0], linestyle=":", linewidth=1,
+                       label=f"{LABELS[name]} pool outgrown (round {cliff})")
+    ax.set_xlabel("round")
+    ax.set_ylabel("prompt-token hit rate (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_xlim(0, max(1, spec.rounds - 1))
+    ax.grid(True, alpha=0.3)
+    pools = (
+        f"L1 {spec.device_tokens:,} tokens ({spec.l1_rounds_effective:.1f} rounds), "
+        f"L2 {spec.host_pages * spec.page_size:,} tokens (ratio {spec.hicache_ratio:g}), {spec.write_policy}"
+    )
+    ax.set_title(
+        f"Multi-turn hit rate: {spec.clients} clients x {spec.rounds} rounds x "
+        f"({spec.new_tokens:,} + {spec.output_tokens}) tokens, page {spec.page_size}\n{pools}",
+        fontsize=9,
+    )
+    ax.legend(loc="lower right", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
