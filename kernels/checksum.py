@@ -30,7 +30,7 @@ from hicache_ops.errors import InputError
 from hicache_ops.layouts import check_layout_for
 
 from .geometry import PageGeometry, host_canonical, split_device
-from .transfer import DEFAULT_TILE, as_index, pages_to_tokens
+from .transfer import DEFAULT_TILE, _check_bounds, as_index, pages_to_tokens
 
 CHECKSUM_VERSION = 1
 KEY_SEED = 0x243F6A8885A308D3
@@ -74,12 +74,14 @@ _KEYS: dict[tuple[int, str], torch.Tensor] = {}
 
 def _keys(n_words: int, device: torch.device) -> torch.Tensor:
     k = (n_words, str(device))
-    if k not in _KEYS:
+    keys = _KEYS.get(k)
+    if keys is None:  # safe from several threads: at worst two compute the same table
+        i = torch.arange(n_words, dtype=torch.int64, device=device) + _signed(KEY_SEED)
+        keys = fmix64(i) | 1
         if len(_KEYS) > 8:
             _KEYS.clear()
-        i = torch.arange(n_words, dtype=torch.int64, device=device) + _signed(KEY_SEED)
-        _KEYS[k] = fmix64(i) | 1
-    return _KEYS[k]
+        _KEYS[k] = keys
+    return keys
 
 
 def _torch_acc(get, n_pages: int, n_comp: int, like: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -101,7 +103,8 @@ def _torch_acc(get, n_pages: int, n_comp: int, like: torch.Tensor) -> tuple[torc
         for c in range(n_comp):
             words = get(c, s, e).view(torch.uint8).view(_WORD_DTYPES[word])
             for l0 in range(0, L, layers_per_chunk):
-                part = words[:, l0 : l0 + layers_per_chunk].to(torch.int64)
+                part = words[:, l0 : l0 + layers_per_chunk]
+                part = part.to(torch.int64, memory_format=torch.contiguous_format)
                 part.mul_(keys[c, l0 : l0 + layers_per_chunk])
                 acc[s:e] += part.sum(dim=(1, 2, 3, 4))
     return acc, comp_words * n_comp
@@ -144,6 +147,7 @@ def device_page_checksums(
     """
     comps, _ = split_device(device)
     tokens = _page_tokens(indices, page_size, unit)
+    _check_bounds(tokens, comps[0].shape[1], "device token indices")
     n = tokens.numel() // page_size
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=comps[0].device)
@@ -186,6 +190,7 @@ def host_page_checksums(
     the buffer's rank). indices as in ``device_page_checksums``, in host token/page numbers."""
     canon = host_canonical(host, layout, mla=_host_is_mla(host, layout), page_size=page_size)
     tokens = _page_tokens(indices, page_size, unit)
+    _check_bounds(tokens, canon[0].shape[1] * page_size, "host token indices")
     n = tokens.numel() // page_size
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=host.device)

@@ -7,9 +7,9 @@ q*page_size .. q*page_size+page_size-1, likewise host page p). Destination indic
 Paths (``backend``):
 - ``"cpu"``: both pools on the CPU. The index pairs are cut into runs that are consecutive on both
   sides (and, for page layouts, split at host page boundaries, whole pages kept together); each run
-  is one strided copy per component, through numpy ``copyto`` over rows viewed as opaque items or
-  torch ``copy_``, whichever measured faster for the layout (``CPU_COPIER``). Many short runs fall
-  back to one gather/scatter pass.
+  is one strided copy per component, through numpy ``copyto`` over rows viewed as opaque items
+  (page_head: through a cache-sized staging buffer) or torch ``copy_``, whichever measured faster
+  for the layout (``CPU_COPIER``). Many short runs fall back to one gather/scatter pass.
 - ``"torch"``: the same runs through ``copy_`` on any devices (torch stages strided cross-device
   copies itself); the reference path on a GPU, and the per-piece copy loop to beat there.
 - ``"triton"``: one Triton kernel launch per component on CUDA tensors (the host pool pinned or on
@@ -21,6 +21,7 @@ Paths (``backend``):
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,12 +34,16 @@ BACKENDS = ("auto", "cpu", "torch", "triton")
 UNITS = ("token", "page")
 DEFAULT_TILE = 16
 
-# Which copier the CPU path uses per layout, chosen from repeated side-by-side runs of both (see
+# Which copier the CPU path uses per layout, chosen from repeated side-by-side runs (see
 # kernels/README.md). numpy copies rows as opaque items (one memmove per contiguous stretch, little
-# per-call overhead): best where pieces are long contiguous chunks (layer_first, page_first_direct)
-# and for page_head's single D-rows, where torch's TensorIterator costs more per row. page_first's
-# pieces are whole (H*D) token rows, where torch's copy_ came out ahead.
-CPU_COPIER = {"layer_first": "numpy", "page_first": "torch", "page_first_direct": "numpy", "page_head": "numpy"}
+# per-call overhead): best where pieces are long contiguous chunks (layer_first, page_first_direct).
+# page_head's contiguous unit is one D-row (256 B for D=128 bf16), where torch's TensorIterator costs
+# more per row than numpy; staging each page through a cache-sized buffer keeps the scattered side of
+# that transposition in cache ("staged", a few % ahead of plain numpy). page_first's pieces are whole
+# (H*D) token rows, where torch's copy_ came out ahead.
+CPU_COPIER = {"layer_first": "numpy", "page_first": "torch", "page_first_direct": "numpy", "page_head": "staged"}
+# "staged" copies go through a buffer of at most this many bytes (whole pages; at least one).
+STAGE_BYTES = 2 << 20
 
 
 def as_index(x, name: str) -> torch.Tensor:
@@ -201,20 +206,24 @@ def find_runs(device_tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[tu
     return list(zip(d[starts].tolist(), h[starts].tolist(), (ends - starts).tolist()))
 
 
-def _pieces(run: tuple[int, int, int], page_size: int, paged: bool):
-    """Cut one run into pieces a single strided copy can move.
+def _pieces(run: tuple[int, int, int], page_size: int, paged: bool, max_pages: int = 1 << 62):
+    """Cut one run into pieces a single strided copy can move (at most `max_pages` pages' worth).
 
     Yields ("tok", d0, h0, n) for layouts whose pages follow each other in memory, and for the others
     ("slot", d0, page, slot0, n) within one page or ("pages", d0, page0, n_pages) for whole pages.
     """
     d0, h0, n = run
     if not paged:
-        yield ("tok", d0, h0, n)
+        most = max_pages * page_size
+        while n:
+            step = min(n, most)
+            yield ("tok", d0, h0, step)
+            d0, h0, n = d0 + step, h0 + step, n - step
         return
     while n:
         page, slot = divmod(h0, page_size)
         if slot == 0 and n >= page_size:
-            whole = n // page_size
+            whole = min(n // page_size, max_pages)
             yield ("pages", d0, page, whole)
             step = whole * page_size
         else:
@@ -229,12 +238,28 @@ def _numpy_rows(t: torch.Tensor, row_bytes: int) -> np.ndarray:
     return a.view(np.dtype((np.void, row_bytes)))[..., 0]
 
 
+_stage = threading.local()
+
+
+def _staged_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst <- src through a per-thread staging buffer: first a copy in src's memory order (both sides
+    sequential), then one in dst's order (numpy iterates in the destination's order), so the scattered
+    side of a transposition is read from cache rather than DRAM."""
+    order = sorted(range(src.ndim), key=lambda i: -abs(src.strides[i]))
+    buf = getattr(_stage, "buf", None)
+    if buf is None or buf.dtype != src.dtype or buf.size < src.size:
+        buf = _stage.buf = np.empty(src.size, dtype=src.dtype)
+    stage = buf[: src.size].reshape([src.shape[i] for i in order])
+    np.copyto(stage, src.transpose(order), casting="no")
+    np.copyto(dst, stage.transpose(sorted(range(src.ndim), key=lambda i: order[i])), casting="no")
+
+
 def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=None) -> None:
     """Move the plan's tokens run by run (see module docstring); falls back to one gather/scatter pass
     when the runs are so short that per-run overhead would cost more than that pass.
 
-    copier: "torch" (copy_ on views) or "numpy" (np.copyto on the same views, rows as opaque items;
-    CPU tensors only)."""
+    copier: "torch" (copy_ on views), "numpy" (np.copyto on the same views, rows as opaque items;
+    CPU tensors only) or "staged" (numpy, through a staging buffer)."""
     geom = plan.geometry
     if runs is None:
         runs = find_runs(plan.device_tokens, plan.host_tokens)
@@ -247,7 +272,8 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
     token_views = [host_token_view(c) for c in plan.host]
     paged = token_views[0] is None
     on_cpu = plan.device[0].device.type == "cpu" and plan.host[0].device.type == "cpu"
-    if copier == "numpy" and on_cpu:
+    max_pages = 1 << 62
+    if copier in ("numpy", "staged") and on_cpu:
         devs, hosts, toks = plan.device, plan.host, token_views
         row = geom.row_bytes
         D = geom.head_dim
@@ -263,8 +289,13 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
         def split(a, n):  # (L, n*ps, H) -> (L, n, ps, H), a view
             return a.reshape(a.shape[0], n, ps, *a.shape[2:])
 
-        def move(dst, src):
-            np.copyto(dst, src, casting="no")
+        if copier == "staged":
+            move = _staged_copy
+            max_pages = max(1, STAGE_BYTES // (geom.component_bytes or 1))
+        else:
+
+            def move(dst, src):
+                np.copyto(dst, src, casting="no")
     else:
         devs, hosts, toks = plan.device, plan.host, token_views
 
@@ -275,7 +306,7 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
             dst.copy_(src, non_blocking=True)
 
     for run in runs:
-        for piece in _pieces(run, ps, paged):
+        for piece in _pieces(run, ps, paged, max_pages):
             for c in range(geom.n_kv):
                 dev, host, tok = devs[c], hosts[c], toks[c]
                 if piece[0] == "tok":

@@ -173,7 +173,7 @@ def _force_runs(plan, to_host, copier, runs):
         transfer_mod.copy_runs(plan, to_host=to_host, copier=copier, runs=runs[i : i + 16])
 
 
-CPU_PATHS = ("cpu", "torch", "gather", "runs-torch", "runs-numpy")
+CPU_PATHS = ("cpu", "torch", "gather", "runs-torch", "runs-numpy", "runs-staged")
 
 
 @pytest.mark.parametrize("path", CPU_PATHS)
@@ -190,6 +190,21 @@ def test_backup_and_load_match_reference(kind, layout, path):
         want_dev = expected_load(device2, host2, kind, layout, d_idx, h_idx, ps)
         run_path(path, device2, host2, kind, layout, d_idx, h_idx, ps, to_host=False)
         assert same_device(device2, want_dev), f"load {name}"
+
+
+@pytest.mark.parametrize("layout", ["page_first_direct", "page_head", "page_first"])
+def test_staged_copies_split_long_runs(monkeypatch, layout):
+    monkeypatch.setattr(transfer_mod, "STAGE_BYTES", 1)  # one page per staging round
+    ps = 4
+    d_idx, h_idx = index_sets(ps, 48, 44)["long_run"]
+    device, host = make_pools("mha", layout, ps=ps)
+    want = expected_backup(device, host, "mha", layout, d_idx, h_idx, ps)
+    run_path("runs-staged", device, host, "mha", layout, d_idx, h_idx, ps, to_host=True)
+    assert torch.equal(host, want)
+    device2, host2 = make_pools("mha", layout, ps=ps, seed=2)
+    want_dev = expected_load(device2, host2, "mha", layout, d_idx, h_idx, ps)
+    run_path("runs-staged", device2, host2, "mha", layout, d_idx, h_idx, ps, to_host=False)
+    assert same_device(device2, want_dev)
 
 
 @pytest.mark.parametrize("dtype,D", [(torch.uint8, 5), (torch.float16, 3), (torch.float32, 6)])
@@ -253,8 +268,15 @@ def test_bad_inputs_are_refused():
             backup(device, host, device_indices=[0], host_indices=[0], layout="page_first", page_size=4, backend="triton")
         else:
             raise ValueError
+    with pytest.raises(IndexError):
+        device_page_checksums(device, [12], page_size=4, unit="page")
+    with pytest.raises(IndexError):
+        host_page_checksums(host, [-1, 0, 1, 2], layout="page_first", page_size=4)
+    with pytest.raises(ValueError):  # not whole pages
+        host_page_checksums(host, [0, 1, 2], layout="page_first", page_size=4)
     # nothing to move is fine
     backup(device, host, device_indices=[], host_indices=[], layout="page_first", page_size=4)
+    assert device_page_checksums(device, [], page_size=4).numel() == 0
 
 
 # ---------------------------------------------------------------------------------------------

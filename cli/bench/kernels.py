@@ -42,6 +42,10 @@ def _render(data: dict) -> None:
         if c["target"] is not None:
             mark = f"  [green]>= {c['target']:.2f}[/]" if c["meets_target"] else f"  [red]below {c['target']:.2f}[/]"
         extra = ""
+        if c["ratio_vs_page_loop"] is not None:
+            ok = c["meets_page_loop_target"]
+            color = "green" if ok else ("red" if ok is False else "default")
+            extra += f"  vs page loop [{color}]{c['ratio_vs_page_loop']:.2f}x[/]"
         if c["ratio_vs_chunk_loop"] is not None:
             extra += f"  vs chunk loop {c['ratio_vs_chunk_loop']:.2f}x"
         if c["ratio_vs_sglang"] is not None:
