@@ -8,6 +8,7 @@ shows at which step the path breaks.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -120,7 +121,8 @@ def run_embedded(
     if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object"):
         raise InputError(f"fault {inject!r} needs a prompt of at least two pages ({2 * spec.page_size} tokens).")
 
-    with EmbeddedMaster() as master:
+    # The master's log lives as long as the run: an embedded trace leaves nothing behind.
+    with tempfile.TemporaryDirectory(prefix="hicache-trace-") as logs, EmbeddedMaster(log_path=f"{logs}/master.log") as master:
         run.scenario = {
             "master": master.info(),
             "fault": FAULTS[inject][1] if inject else None,
