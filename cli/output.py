@@ -64,11 +64,13 @@ def reporting(json_output: bool) -> Iterator[None]:
 
 
 @contextmanager
-def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log") -> Iterator[str]:
+def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log", *, restore: bool = True) -> Iterator[str]:
     """Send file descriptor 2 to a log file while the block runs, keeping sys.stderr on the terminal.
 
     Mooncake's client logs through glog straight to fd 2 and ignores GLOG_* variables before its
     own initialisation; this keeps a command's output readable. Yields the log file's path.
+    `restore=False` leaves fd 2 on the file for the rest of the process (a command that ends
+    right after, whose Mooncake destructors still log at interpreter exit).
     """
     folder = log_dir or tempfile.mkdtemp(prefix="hicache-")
     os.makedirs(folder, exist_ok=True)
@@ -83,8 +85,9 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
     try:
         yield path
     finally:
-        sys.stderr.flush()
-        sys.stderr.close()
-        sys.stderr = saved_stream
-        os.dup2(saved_fd, 2)
+        if restore:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
         os.close(saved_fd)

@@ -138,7 +138,7 @@ def serve(
         if host not in ("127.0.0.1", "localhost", "::1"):
             stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
 
-        with native_stderr_to_file(log_dir) as native_log:
+        with native_stderr_to_file(log_dir, restore=False) as native_log:
             _run(spec, target, segment_mb, log_dir, host, port, native_log, inject_l3_latency_ms / 1e3)
 
 

@@ -88,7 +88,7 @@ def _bytes_plane(cache):
     return plane if hasattr(plane, "device_page_ok") else None
 
 
-def _device_ok(cache, nodes_or_pages, keys) -> list[int]:
+def _device_bad(cache, nodes_or_pages, keys) -> list[int]:
     """Device pages whose bytes differ from the reference (empty without a bytes plane)."""
     plane = _bytes_plane(cache)
     if plane is None:
@@ -144,7 +144,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
         elif event == "compute":
             pages, keys = data["device_pages"], data["storage_keys"]
             ps = cfg.page_size
-            bad = _device_ok(cache, pages, keys)
+            bad = _device_bad(cache, pages, keys)
             detail = {
                 "device_pages": pages,
                 "slots": [[(p + 1) * ps, (p + 2) * ps] for p in pages],

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .engine.builder import EngineSpec, build_bytes
 from .errors import InputError
 from .trace import INFO, Step, trace_read, trace_write
@@ -174,7 +176,7 @@ def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
     """Change the objects between write and read, for the faults that do."""
     if inject not in ("missing-v", "corrupted-object"):
         return
-    _, storage_keys = writer.keys_for(__import__("numpy").asarray(tokens), extra_key, cache_salt)
+    _, storage_keys = writer.keys_for(np.asarray(tokens), extra_key, cache_salt)
     scheme = writer.l3.schemes[0]
     k_key, v_key = scheme.object_keys(storage_keys[1])[:2]
     if inject == "missing-v":

@@ -565,8 +565,7 @@ class TieredCache:
         The result's breakdown counts pages already on device or host as hits, fetched pages as
         storage hits and the rest as not cached (`computed` stays 0: nothing was prefilled).
         """
-        cfg, ps = self.config, self.config.page_size
-        arr = as_token_array(tokens, cfg.sglang_version)
+        arr = as_token_array(tokens, self.config.sglang_version)
         if arr.size == 0:
             raise InputError("the prompt is empty; send at least one token.")
         if self.l3 is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from heapq import heappop, heappush
 
 
@@ -321,55 +321,6 @@ class PageTree:
         if node.host_page >= 0 and node.host_children == 0:
             self._host_heap.push((node.last_access, next(self._seq), node))
 
-    def device_victims(self, can_evict: Callable[[PageNode], bool]) -> Iterator[PageNode]:
-        """Device leaves in LRU order (a node may become a leaf while iterating)."""
-        queue, nodes = self._device_heap, self.nodes
-        fifo, heap = queue.fifo, queue.heap
-        skipped = []
-        try:
-            while fifo or heap:
-                # queue.pop(), inlined: this loop runs once per evicted page.
-                entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
-                node = entry[2]
-                if (
-                    entry[0] != node.last_access
-                    or node.device_page < 0
-                    or node.device_children
-                    or nodes.get(node.key) is not node
-                ):
-                    continue  # stale entry
-                if not can_evict(node):
-                    skipped.append(entry)
-                    continue
-                yield node
-        finally:
-            for entry in skipped:  # pinned now, evictable later
-                queue.push(entry)
-
-    def host_victims(self, can_evict: Callable[[PageNode], bool]) -> Iterator[PageNode]:
-        """Host leaves in LRU order."""
-        queue, nodes = self._host_heap, self.nodes
-        fifo, heap = queue.fifo, queue.heap
-        skipped = []
-        try:
-            while fifo or heap:
-                entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
-                node = entry[2]
-                if (
-                    entry[0] != node.last_access
-                    or node.host_page < 0
-                    or node.host_children
-                    or nodes.get(node.key) is not node
-                ):
-                    continue  # stale entry
-                if not can_evict(node):
-                    skipped.append(entry)
-                    continue
-                yield node
-        finally:
-            for entry in skipped:  # pinned now, evictable later
-                queue.push(entry)
-
     # -- eviction in one pass (the per-page hot path of the cache) ------------------------------
 
     def evict_device(
@@ -382,8 +333,8 @@ class PageTree:
         no host copy is passed over: its children still need it. `write_back(node)`, when given,
         is called first for a leaf with no host copy (the write_back policy backs it up then).
         The freed device pages are appended to `freed` in eviction order as they go (so a caller
-        gets them back even if `write_back` raises); returns how many of them were dropped. The
-        same as iterating device_victims() and calling clear_device()/remove_if_unused() on each.
+        gets them back even if `write_back` raises); returns how many of them were dropped. Each
+        eviction is clear_device() then remove_if_unused(), inlined for the hot path.
         """
         queue, nodes, seq = self._device_heap, self.nodes, self._seq
         fifo, heap = queue.fifo, queue.heap
@@ -471,7 +422,7 @@ class PageTree:
         """Evict up to `n` host leaves, least recently used first, skipping nodes with a host pin
         (`host_ref`) or whose id() is in `pinned`. A node on no tier afterwards leaves the tree.
         Appends the freed host pages to `freed` in eviction order; returns how many were dropped.
-        The same as iterating host_victims() and calling clear_host()/remove_if_unused() on each.
+        Each eviction is clear_host() then remove_if_unused(), inlined for the hot path.
         """
         queue, nodes, seq = self._host_heap, self.nodes, self._seq
         fifo, heap = queue.fifo, queue.heap
