@@ -43,4 +43,4 @@ bench-keys: install
 	$(VENV)/bin/hicache bench keys
 
 clean:
-	rm -rf $(VENV) build *.egg-info hicache_ops/*.so
+	rm -rf $(VENV) build *.egg-info hicache_ops/sglang/*.so

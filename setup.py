@@ -1,6 +1,6 @@
 """Only the optional native page-hash extension lives here; everything else is in pyproject.toml.
 
-`optional=True`: where OpenSSL's headers are missing the build skips it and hicache_ops.keys
+`optional=True`: where OpenSSL's headers are missing the build skips it and hicache_ops.sglang.keys
 falls back to its pure-Python path, which computes the same keys more slowly.
 """
 
@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "hicache_ops._pagehash",
-            sources=["hicache_ops/_pagehash.c"],
+            "hicache_ops.sglang._pagehash",
+            sources=["hicache_ops/sglang/_pagehash.c"],
             libraries=["crypto"],
             extra_compile_args=["-O3"],
             optional=True,

@@ -102,9 +102,9 @@ def serve(
     """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
-        from hicache_ops.layouts import preset as load_preset
+        from hicache_ops.sglang.geometry import preset as load_preset
         from hicache_ops.server.runtime import L3Target
-        from hicache_ops.versions import default_version, validate_version
+        from hicache_ops.sglang.versions import default_version, validate_version
 
         geometry = load_preset(preset)
         if dtype is not None:

@@ -124,7 +124,7 @@ def check(
     with reporting(json_output):
         from hicache_ops.errors import InputError
         from hicache_ops.te import check_reuse, live_check, parse_env_overrides
-        from hicache_ops.versions import default_version, validate_version
+        from hicache_ops.sglang.versions import default_version, validate_version
 
         if not live and (master is not None or tcp):
             raise InputError("--master and --tcp only apply with --live.", hint="Add --live, or drop them.")

@@ -108,8 +108,8 @@ def warm(
 
 
 def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, advance):
-    from hicache_ops.inspect_keys import Deployment
-    from hicache_ops.versions import default_version, validate_version
+    from hicache_ops.inspect.keys import Deployment
+    from hicache_ops.sglang.versions import default_version, validate_version
     from hicache_ops.warm import warm_sglang
 
     if master is None:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from .errors import CheckFailed, InputError, UnreachableError
 from .mooncake.config import CONFIG_PATH_ENV, StoreConfig, check_metadata_server, resolve_store_config
-from .versions import V0_5_14, V0_5_23, validate_version
+from .sglang.versions import V0_5_14, V0_5_23, validate_version
 
 P2P = "P2PHANDSHAKE"
 RDMA = "rdma"

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from .errors import HicacheError, InputError, UnreachableError
-from .inspect_keys import Deployment, expected_keys
+from .inspect.keys import Deployment, expected_keys
 from .tokens import Prompt
 
 WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING = "written", "present", "no_page", "not_landed", "failed", "pending"
@@ -278,7 +278,7 @@ def warm_sglang(
 
 
 def _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs, prefetch_threshold) -> str:
-    from .live_diff import live_diff
+    from .inspect.live_diff import live_diff
 
     diff = live_diff(prompt.input_ids, page_size, deployment, admin, extra_key=ek, cache_salt=cs, report=keys)
     reasons = [d["message"] for d in diff.diagnosis if d["kind"] != "not_found"]

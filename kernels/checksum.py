@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from hicache_ops.errors import InputError
-from hicache_ops.layouts import check_layout_for
+from hicache_ops.sglang.host_pool import check_layout_for
 
 from .geometry import PageGeometry, host_canonical, split_device
 from .transfer import DEFAULT_TILE, _check_bounds, as_index, pages_to_tokens

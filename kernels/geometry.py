@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache_ops.layouts import LAYOUTS, check_layout_for
+from hicache_ops.sglang.host_pool import LAYOUTS, check_layout_for
 
 MHA_HOST_DIMS = {
     "layer_first": "(2, L, size, H, D)",

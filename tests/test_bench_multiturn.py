@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hicache_ops.bench_multiturn import CONFIGS, MultiturnSpec, run_config, run_multiturn
+from hicache_ops.bench.multiturn import CONFIGS, MultiturnSpec, run_config, run_multiturn
 from hicache_ops.cli.main import app
 
 runner = CliRunner()
@@ -191,7 +191,7 @@ def test_real_bytes_and_accounting_make_the_same_decisions():
 
 
 def test_workload_histories_differ_and_are_seeded():
-    from hicache_ops.bench_multiturn import workload_tokens
+    from hicache_ops.bench.multiturn import workload_tokens
 
     spec = MultiturnSpec(clients=3, rounds=2, new_tokens=32, output_tokens=4, page_size=16)
     a, b = workload_tokens(spec), workload_tokens(spec)

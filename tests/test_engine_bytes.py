@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hicache_ops.engine.builder import EngineSpec, build_bytes
-from hicache_ops.layouts import ModelGeometry, preset
+from hicache_ops.sglang.geometry import ModelGeometry, preset
 
 MLA = ModelGeometry.mla_model(layers=2, kv_lora_rank=16, qk_rope_head_dim=8)
 

@@ -9,7 +9,7 @@ from hicache_ops.engine.cache import CacheConfig, CapacityError, TieredCache
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
 from hicache_ops.engine.policy import TimeoutBudget
 from hicache_ops.errors import InputError
-from hicache_ops.keys import ObjectKeyScheme
+from hicache_ops.sglang.keys import ObjectKeyScheme
 
 PS = 4
 

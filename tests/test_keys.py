@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_ops import keys as keys_mod
+from hicache_ops.sglang import keys as keys_mod
 from hicache_ops.errors import InputError
-from hicache_ops.keys import ObjectKeyScheme, namespace_seed, page_keys
+from hicache_ops.sglang.keys import ObjectKeyScheme, namespace_seed, page_keys
 
 # Computed with SGLang 0.5.23's own functions (shared/refs), kept here so the test always runs.
 REFS = json.loads((Path(__file__).parent / "data" / "sglang_public_refs.json").read_text())

@@ -13,17 +13,10 @@ from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
 from hicache_ops.errors import InputError
-from hicache_ops.layouts import (
-    LAYOUTS,
-    PRESETS,
-    DevicePoolLayout,
-    HostPoolLayout,
-    ModelGeometry,
-    inspect_layout,
-    parse_pages,
-    resolve_geometry,
-    resolve_layout,
-)
+from hicache_ops.sglang.host_pool import LAYOUTS, DevicePoolLayout, HostPoolLayout
+from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
+from hicache_ops.inspect.layout import inspect_layout, parse_pages
+from hicache_ops.sglang.rewrites import resolve_layout
 
 # SGLang's real classes (a test dependency); no GPU needed for any of them.
 from sglang.srt.arg_groups.hicache_hook import handle_hicache  # noqa: E402

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
 from hicache_ops.errors import InputError, UnreachableError
-from hicache_ops.inspect_store import ObjectKeyParts, group_keys, inspect_store, parse_object_key
-from hicache_ops.keys import ObjectKeyScheme, page_keys
+from hicache_ops.inspect.store import ObjectKeyParts, group_keys, inspect_store, parse_object_key
+from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.master import EmbeddedMaster
 from hicache_ops.mooncake.net import parse_host_port

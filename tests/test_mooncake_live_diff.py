@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
-from hicache_ops.inspect_keys import Deployment, expected_keys
-from hicache_ops.keys import ObjectKeyScheme, page_keys
-from hicache_ops.live_diff import live_diff
+from hicache_ops.inspect.keys import Deployment, expected_keys
+from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
+from hicache_ops.inspect.live_diff import live_diff
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store import StoreClient
 

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
-from hicache_ops.inspect_store import inspect_store
+from hicache_ops.inspect.store import inspect_store
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store import StoreClient
 

@@ -138,7 +138,7 @@ def test_no_l3_hit_never_written_anywhere(reader_factory, tmp_path):
 
 
 def test_short_storage_hit(writer, reader_factory, tmp_path):
-    from hicache_ops.keys import ObjectKeyScheme, page_keys
+    from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
     from hicache_ops.mooncake.store import StoreClient
 
     reader = reader_factory()

@@ -20,9 +20,9 @@ import torch
 from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
-from hicache_ops.keys import ObjectKeyScheme, page_keys
+from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
 from hicache_ops.tap import CLASS_NAME, PATH_ENV, Recorder, rank_suffix, recording_path, with_suffix
-from hicache_ops.tap_report import load_records, percentile, show
+from hicache_ops.trace.show import load_records, percentile, show
 
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
@@ -551,7 +551,7 @@ def test_tap_bad_extra_config_is_exit_2(value, message):
 
 def test_importing_the_tap_and_cli_stays_light():
     code = (
-        "import sys, hicache_ops.tap, hicache_ops.tap_report, hicache_ops.cli.tap, hicache_ops.cli.trace_show\n"
+        "import sys, hicache_ops.tap, hicache_ops.trace.show, hicache_ops.cli.tap, hicache_ops.cli.trace.show\n"
         "heavy = [m for m in ('torch', 'sglang', 'mooncake') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

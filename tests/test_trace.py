@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from hicache_ops.cli.main import app
 from hicache_ops.engine.builder import EngineSpec
-from hicache_ops.layouts import ModelGeometry, preset
-from hicache_ops.trace_run import FAULTS, run_embedded
+from hicache_ops.sglang.geometry import ModelGeometry, preset
+from hicache_ops.trace.run import FAULTS, run_embedded
 
 runner = CliRunner()
 TOKENS = list(range(2000, 2200))  # 12 whole pages of 16 and 8 trailing tokens

@@ -95,7 +95,7 @@ def kernels(
         for lay in layout or ():
             if lay not in _LAYOUTS:
                 raise InputError(f"--layout {lay!r} is unknown.", hint=f"Use one of: {', '.join(_LAYOUTS)}.")
-        from hicache_ops.kernels.bench import bench_kernels  # imports torch: only when the command runs
+        from hicache_ops.bench.kernels import bench_kernels  # imports torch: only when the command runs
 
         try:
             result = bench_kernels(

@@ -37,7 +37,7 @@ def keys(
     with reporting(json_output):
         if tokens < page_size or page_size <= 0 or repeats <= 0:
             raise InputError("--tokens must hold at least one page, and --page-size and --repeats must be > 0.")
-        from hicache_ops.bench_keys import bench_page_keys
+        from hicache_ops.bench.keys import bench_page_keys
 
         result = bench_page_keys(tokens=tokens, page_size=page_size, repeats=repeats)
         emit(result.to_json(), json_output, _render)

@@ -114,7 +114,7 @@ class _Progress:
         if not finished and now - self.last < (0.2 if self.tty else 5.0):
             return
         self.last = now
-        from hicache_ops.bench_multiturn import CONFIGS, LABELS
+        from hicache_ops.bench.multiturn import CONFIGS, LABELS
 
         parts = "  ".join(f"{LABELS[n]} {self.done[n]}/{rounds}" for n in CONFIGS if n in self.done)
         line = f"rounds done: {parts}  ({now - self.t0:.0f}s)"
@@ -179,8 +179,8 @@ def multiturn(
 ) -> None:
     """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r)."""
     with reporting(json_output):
-        from hicache_ops.bench_multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
-        from hicache_ops.versions import default_version
+        from hicache_ops.bench.multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
+        from hicache_ops.sglang.versions import default_version
 
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers} must be 1 or more.")

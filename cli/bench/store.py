@@ -55,7 +55,7 @@ def store(
 ) -> None:
     """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process."""
     with reporting(json_output):
-        from hicache_ops.bench_store import DEFAULT_CASES, bench_store
+        from hicache_ops.bench.store import DEFAULT_CASES, bench_store
 
         cases = [_size(c) for c in case] if case else list(DEFAULT_CASES)
         emit(bench_store(cases, rounds=rounds), json_output, _render)

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from hicache_ops.inspect_keys import Deployment, KeyReport, expected_keys
+from hicache_ops.inspect.keys import Deployment, KeyReport, expected_keys
 from hicache_ops.tokens import load_prompt
-from hicache_ops.versions import default_version, validate_version
+from hicache_ops.sglang.versions import default_version, validate_version
 
 from ..options import (
     CacheSaltOption,
@@ -129,7 +129,7 @@ def keys(
 ) -> None:
     """Page keys and Mooncake object keys SGLang derives for a prompt."""
     with reporting(json_output):
-        from hicache_ops.layouts import check_layout_for
+        from hicache_ops.sglang.host_pool import check_layout_for
 
         version = validate_version(sglang_version or default_version())
         check_layout_for(layout, mla=mla)
@@ -160,7 +160,7 @@ def keys(
                 raise InputError("--try-extra-key and --try-cache-salt need --master.")
             emit(report.to_json(), json_output, lambda _: _render(report))
             return
-        from hicache_ops.live_diff import live_diff
+        from hicache_ops.inspect.live_diff import live_diff
         from hicache_ops.mooncake.admin import AdminClient
 
         with AdminClient(master, timeout=timeout) as admin:

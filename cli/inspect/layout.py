@@ -7,8 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from hicache_ops.layouts import LayoutReport, inspect_layout, parse_pages, resolve_geometry
-from hicache_ops.versions import default_version, validate_version
+from hicache_ops.inspect.layout import LayoutReport, inspect_layout, parse_pages
+from hicache_ops.sglang.geometry import resolve_geometry
+from hicache_ops.sglang.versions import default_version, validate_version
 
 from ..options import JsonOption, PageSizeOption, SglangVersionOption
 from ..output import emit, reporting, stderr, stdout

@@ -102,7 +102,7 @@ def store(
 ) -> None:
     """Health, segments and keys of a Mooncake master, grouped the way SGLang names objects."""
     with reporting(json_output):
-        from hicache_ops.inspect_store import inspect_store
+        from hicache_ops.inspect.store import inspect_store
 
         data = inspect_store(master or default_master(), prefix=prefix, limit=limit, timeout=timeout)
         emit(data, json_output, _render)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ..keys import Deployment, ObjectKeyScheme
-from ..layouts import DEFAULT_PRESET, HostPoolLayout, ModelGeometry, preset, resolve_layout
-from ..versions import NEWEST
+from ..sglang.keys import Deployment, ObjectKeyScheme
+from ..sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
+from ..sglang.host_pool import HostPoolLayout
+from ..sglang.rewrites import resolve_layout
+from ..sglang.versions import NEWEST
 from . import policy as pol
 from .cache import CacheConfig, TieredCache
 from .planes import AccountingPlane, MemoryL3

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..keys import ObjectKeyScheme
+from ..sglang.keys import ObjectKeyScheme
 from ..kernels import transfer
-from ..layouts import DevicePoolLayout, HostPoolLayout, ModelGeometry
+from ..sglang.host_pool import DevicePoolLayout, HostPoolLayout
+from ..sglang.geometry import ModelGeometry
 from .planes import ReadOutcome, WriteOutcome
 from .policy import STORAGE_BATCH_PAGES
 from .reference import reference_page

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..keys import as_token_array, page_keys
-from ..versions import V0_5_14, V0_5_23, validate_version
+from ..sglang.keys import as_token_array, page_keys
+from ..sglang.versions import V0_5_14, V0_5_23, validate_version
 from . import policy as pol
 from .planes import DataPlane, L3Tier
 from .tree import PageNode, PageTree

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..keys import ObjectKeyScheme
+from ..sglang.keys import ObjectKeyScheme
 
 
 class DataPlane(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..versions import V0_5_14, validate_version
+from ..sglang.versions import V0_5_14, validate_version
 
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
 STOP_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")

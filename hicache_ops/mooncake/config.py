@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ..versions import V0_5_14, validate_version
+from ..sglang.versions import V0_5_14, validate_version
 from .net import parse_host_port
 
 CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"

@@ -137,7 +137,7 @@ class Runtime:
             return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats)}
 
     def layout_report(self) -> dict:
-        from ..layouts import inspect_layout
+        from ..inspect.layout import inspect_layout
 
         spec = self.spec
         return inspect_layout(
@@ -149,8 +149,8 @@ class Runtime:
 
     def trace(self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False) -> dict:
         """Trace the write or read path of a prompt on this instance (same shape as embedded runs)."""
-        from ..trace import trace_read, trace_write
-        from ..trace_run import TraceRun, diagnosis_causes
+        from ..trace.steps import trace_read, trace_write
+        from ..trace.run import TraceRun, diagnosis_causes
 
         if flush:
             self.cache.flush()

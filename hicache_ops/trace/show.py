@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 
 QUERY_METHODS = ("batch_exists", "batch_exists_v2", "exists")
 READ_METHODS = ("batch_get_v1", "batch_get_v2", "get", "batch_get")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import InputError
-from .keys import Deployment, namespace_seed, normalise_namespace, page_keys
+from ..errors import InputError
+from ..sglang.keys import Deployment, namespace_seed, normalise_namespace, page_keys
 
 
 @dataclass

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import HicacheError, InputError
-from .versions import NEWEST, validate_version
+from ..errors import HicacheError, InputError
+from ..sglang.versions import NEWEST, validate_version
 
 CONFIGS: tuple[str, ...] = ("l1", "l1_l2", "l1_l2_l3")
 LABELS: dict[str, str] = {"l1": "L1", "l1_l2": "L1+L2", "l1_l2_l3": "L1+L2+L3"}
@@ -131,7 +131,7 @@ class MultiturnSpec:
         positive_int("page-size", self.page_size)
         positive_int("seed", self.seed, 0)
         validate_version(self.sglang_version)
-        from .engine.policy import check_write_policy
+        from ..engine.policy import check_write_policy
 
         check_write_policy(self.write_policy)
         if self.l1_tokens is not None and self.l1_rounds is not None:
@@ -163,7 +163,7 @@ class MultiturnSpec:
                 f"{MAX_WORKLOAD_BYTES // 2**30} GiB of token ids.",
                 hint="Use fewer clients, rounds or tokens per turn.",
             )
-        from .layouts import preset
+        from ..sglang.geometry import preset
 
         preset(self.preset)
         conversation = self.clients * self.rounds * self.turn_tokens
@@ -177,8 +177,8 @@ class MultiturnSpec:
 
     def engine_spec(self, config: str):
         """The engine builder's description of one configuration (pools by SGLang's rules)."""
-        from .engine.builder import EngineSpec
-        from .layouts import preset
+        from ..engine.builder import EngineSpec
+        from ..sglang.geometry import preset
 
         return EngineSpec(
             geometry=preset(self.preset),
@@ -242,7 +242,7 @@ def workload_tokens(spec: MultiturnSpec) -> np.ndarray:
 
 def _build_accounting(spec: MultiturnSpec, config: str):
     """(cache, close): the byte-free planes and an unbounded in-process L3."""
-    from .engine.builder import build_accounting
+    from ..engine.builder import build_accounting
 
     return build_accounting(spec.engine_spec(config), l3=config == "l1_l2_l3"), (lambda: None)
 
@@ -251,8 +251,8 @@ def _build_bytes(spec: MultiturnSpec, config: str):
     """(cache, close): real device and host pools; L3 is Mooncake (an embedded master and a store
     client owning a segment sized for every page of the run)."""
     try:
-        from .engine.builder import build_bytes
-        from .engine import bytes as _bytes_plane  # noqa: F401  (torch and the kernels)
+        from ..engine.builder import build_bytes
+        from ..engine import bytes as _bytes_plane  # noqa: F401  (torch and the kernels)
     except ImportError as exc:
         raise InputError(
             f"real-bytes mode needs the bytes plane (hicache_ops.engine.bytes), which cannot be imported here: {exc}.",
@@ -262,8 +262,8 @@ def _build_bytes(spec: MultiturnSpec, config: str):
     if config != "l1_l2_l3":
         return build_bytes(engine_spec), (lambda: None)
 
-    from .mooncake.master import EmbeddedMaster
-    from .mooncake.store import StoreClient
+    from ..mooncake.master import EmbeddedMaster
+    from ..mooncake.store import StoreClient
 
     host = engine_spec.host_layout(mooncake=True)
     pages = spec.clients * spec.history_pages(spec.rounds)

@@ -9,10 +9,10 @@ import typer
 from rich import box
 from rich.table import Table
 
-from hicache_ops.tap_report import show as show_summary
+from hicache_ops.trace.show import show as show_summary
 
-from .options import JsonOption
-from .output import emit, reporting, stdout
+from ..options import JsonOption
+from ..output import emit, reporting, stdout
 
 QUERY_ROWS = 20
 

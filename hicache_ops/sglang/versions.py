@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from .errors import InputError
+from ..errors import InputError
 
 V0_5_14 = "0.5.14"
 V0_5_23 = "0.5.23"

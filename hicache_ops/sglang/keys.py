@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 from .versions import V0_5_14, V0_5_23, validate_version
 
 try:  # the native loop; keys are identical without it, only slower

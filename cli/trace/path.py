@@ -10,7 +10,7 @@ import typer
 
 from hicache_ops.errors import InputError
 
-from .options import (
+from ..options import (
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
@@ -24,7 +24,7 @@ from .options import (
     TokensFileOption,
     TokensOption,
 )
-from .output import native_stderr_to_file, reporting, stderr, stdout
+from ..output import native_stderr_to_file, reporting, stderr, stdout
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
 
@@ -91,7 +91,7 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
         else:
             if flush:
                 raise InputError("--flush applies to --serve; the embedded engine starts empty.")
-            from hicache_ops.trace_run import check_fault, run_embedded
+            from hicache_ops.trace.run import check_fault, run_embedded
 
             check_fault(kind, inject)
             spec = _spec(**engine_args)
@@ -111,8 +111,8 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
 
 def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name, extra_backend_tag, write_policy, stop_policy, prefetch_threshold, layout):
     from hicache_ops.engine.builder import EngineSpec
-    from hicache_ops.layouts import preset as load_preset
-    from hicache_ops.versions import default_version, validate_version
+    from hicache_ops.sglang.geometry import preset as load_preset
+    from hicache_ops.sglang.versions import default_version, validate_version
 
     spec = EngineSpec(
         geometry=load_preset(preset), page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,

@@ -27,11 +27,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import InputError
-from .inspect_keys import Deployment, KeyReport, expected_keys
-from .inspect_store import pages_by_prefix
-from .mooncake.admin import AdminClient
-from .versions import SUPPORTED_VERSIONS, V0_5_14
+from ..errors import InputError
+from .keys import Deployment, KeyReport, expected_keys
+from .store import pages_by_prefix
+from ..mooncake.admin import AdminClient
+from ..sglang.versions import SUPPORTED_VERSIONS, V0_5_14
 
 
 @dataclass

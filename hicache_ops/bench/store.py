@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import CheckFailed, InputError
+from ..errors import CheckFailed, InputError
 
 DEFAULT_CASES: tuple[tuple[int, int], ...] = ((256, 256 * 1024), (64, 4 * 1024 * 1024))
 
@@ -56,8 +56,8 @@ def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int
     """Measure every (objects, bytes per object) case; returns JSON-ready results with ratios."""
     import numpy as np
 
-    from .mooncake.master import EmbeddedMaster
-    from .mooncake.store import StoreClient
+    from ..mooncake.master import EmbeddedMaster
+    from ..mooncake.store import StoreClient
 
     if rounds < 1 or not cases or any(c < 1 or s < 1 for c, s in cases):
         raise InputError("--rounds and every case's object count and size must be >= 1.")

@@ -16,8 +16,8 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .keys import WARMUP_KEY_PREFIX
-from .mooncake.admin import AdminClient
+from ..sglang.keys import WARMUP_KEY_PREFIX
+from ..mooncake.admin import AdminClient
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RANK_PART = re.compile(r"[A-Za-z0-9]+")
@@ -201,7 +201,7 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
 
     Raises InputError for a malformed address, UnreachableError when the master does not answer.
     """
-    from .errors import InputError
+    from ..errors import InputError
 
     if limit < 0:
         raise InputError(f"--limit {limit} must be >= 0.")

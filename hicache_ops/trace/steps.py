@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .keys import hash_page, namespace_seed
+from ..sglang.keys import hash_page, namespace_seed
 
 PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
 

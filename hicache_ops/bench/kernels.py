@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .checksum import device_page_checksums, host_page_checksums
-from .geometry import MHA_HOST_DIMS, MLA_HOST_DIMS
-from .transfer import backup, load
+from ..kernels.checksum import device_page_checksums, host_page_checksums
+from ..kernels.geometry import MHA_HOST_DIMS, MLA_HOST_DIMS
+from ..kernels.transfer import backup, load
 
 DIRECTIONS = ("backup", "load")
 # Floors asked of the CPU path (single thread, ratio to a contiguous copy of the same bytes), applied
@@ -211,7 +211,7 @@ def _verify(kind, layout, device, host, dev_pages, host_pages, page_size, backen
     sync()
     ok = _same_pages(layout, device, host, dev_pages.cpu(), host_pages.cpu(), page_size)
     comps = list(device) if isinstance(device, tuple) else [device]
-    from .transfer import pages_to_tokens
+    from ..kernels.transfer import pages_to_tokens
 
     tokens = pages_to_tokens(dev_pages.cpu(), page_size).to(comps[0].device)
     for c in comps:
@@ -441,7 +441,7 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
     if ops_error:
         result.notes.append(f"SGLang comparison skipped: {ops_error}")
     L, H, D, C = geometry["layers"], geometry["heads"], geometry["head_dim"], geometry["kv_cache_dim"]
-    from .transfer import pages_to_tokens
+    from ..kernels.transfer import pages_to_tokens
 
     d_tok = pages_to_tokens(dev_pages, page_size).to(cuda)
     h_tok = pages_to_tokens(host_pages, page_size).to(cuda)

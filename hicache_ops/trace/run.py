@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .engine.builder import EngineSpec, build_bytes
-from .errors import InputError
-from .trace import INFO, Step, trace_read, trace_write
+from ..engine.builder import EngineSpec, build_bytes
+from ..errors import InputError
+from .steps import INFO, Step, trace_read, trace_write
 
 # fault -> (the trace kinds it applies to, what it does)
 FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -68,8 +68,8 @@ def diagnosis_causes(
     tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: list[str] = ()
 ) -> list[str]:
     """Likely causes of an L3 miss, from the live key diff against the master."""
-    from .live_diff import live_diff
-    from .mooncake.admin import AdminClient
+    from ..inspect.live_diff import live_diff
+    from ..mooncake.admin import AdminClient
 
     admin = AdminClient(metrics_address)
     try:
@@ -97,8 +97,8 @@ def run_embedded(
     segment_bytes: int = 64 * 2**20,
 ) -> TraceRun:
     """Start an embedded master, set the scene for `inject`, and trace `kind` ("write" or "read")."""
-    from .mooncake.master import EmbeddedMaster
-    from .mooncake.store import StoreClient
+    from ..mooncake.master import EmbeddedMaster
+    from ..mooncake.store import StoreClient
 
     if kind not in ("write", "read"):
         raise InputError(f"trace kind {kind!r} is neither write nor read.")

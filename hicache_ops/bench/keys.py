@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .keys import native_available, page_keys
-from .versions import V0_5_23
+from ..sglang.keys import native_available, page_keys
+from ..sglang.versions import V0_5_23
 
 
 @dataclass
