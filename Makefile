@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test serve bench-keys clean
+.PHONY: install system-deps sglang-0.5.14 test serve bench-keys clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
 system-deps:
@@ -30,7 +30,19 @@ $(STAMP): pyproject.toml setup.py | system-deps
 
 install: system-deps $(STAMP)
 
-test: install
+# SGLang 0.5.14's own code for the cross-checks, beside the installed 0.5.23: both are the
+# package `sglang`, so the tests import it from this folder in child processes
+# (tests/sglang_0_5_14.py). A wheel of a few MB, unpacked once.
+SGLANG_OLD_DIR := .cache/sglang-0.5.14
+$(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
+	rm -rf $(SGLANG_OLD_DIR) .cache/wheels && mkdir -p .cache/wheels $(SGLANG_OLD_DIR)
+	$(PIP) download -q --no-deps sglang==0.5.14 -d .cache/wheels
+	$(PY) -m zipfile -e .cache/wheels/sglang-0.5.14-*.whl $(SGLANG_OLD_DIR)
+	touch $@
+
+sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
+
+test: install sglang-0.5.14
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The main job: the embedded tiered cache (L1/L2/L3 with a Mooncake master) on 127.0.0.1:18080.
@@ -43,4 +55,4 @@ bench-keys: install
 	$(VENV)/bin/hicache bench keys
 
 clean:
-	rm -rf $(VENV) build *.egg-info hicache_ops/sglang/*.so
+	rm -rf $(VENV) .cache build *.egg-info hicache_ops/sglang/*.so

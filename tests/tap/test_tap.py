@@ -17,9 +17,7 @@ import uuid
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
 from hicache_ops.tap import CLASS_NAME, PATH_ENV, Recorder, rank_suffix, recording_path, with_suffix
 from hicache_ops.trace.show import load_records, percentile, show
@@ -30,8 +28,8 @@ from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore  # noqa: E402
+from cli_runner import hicache
 
-runner = CliRunner()
 
 LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 16, 4
 DEVICE_TOKENS = 64
@@ -151,7 +149,7 @@ def runs(mooncake_master, tmp_path_factory):
 
     # The extra-config exactly as `hicache tap` prints it, merged with the Mooncake keys.
     tap_path = str(tmp / "rec.jsonl")
-    res = runner.invoke(app, ["tap", "--json", "--path", tap_path,
+    res = hicache(["tap", "--json", "--path", tap_path,
                               "--extra-config", json.dumps(mooncake_extra(mooncake_master, f"tap-{run_id}"))])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
@@ -389,7 +387,7 @@ def test_recorder_never_raises(tmp_path, caplog):
 
 
 def test_trace_show_summarises_the_recording(runs):
-    res = runner.invoke(app, ["trace", "show", runs["path"], "--json"])
+    res = hicache(["trace", "show", runs["path"], "--json"])
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s == json.loads(json.dumps(show([runs["path"]])))  # the CLI is the library call
@@ -430,7 +428,7 @@ def test_trace_show_summarises_the_recording(runs):
     assert objs["lists"]["get_failed_never_put"] == sorted(ObjectKeyScheme(
         VERSION, model_name=MODEL, extra_backend_tag=f"tap-{runs['run_id']}").all_object_keys(KEYS[6:8]))
 
-    text = runner.invoke(app, ["trace", "show", runs["path"]])
+    text = hicache(["trace", "show", runs["path"]])
     assert text.exit_code == 0, text.output
     for needle in ("batch_get_v1", "storage-hit prefix", "read_failed", "reads found 6"):
         assert needle in text.stdout
@@ -473,16 +471,16 @@ def test_trace_show_malformed_line_is_exit_2_naming_the_line(runs, tmp_path, bad
     path = tmp_path / "corrupt.jsonl"
     path.write_text(good + bad + "\n")
     line = good.count("\n") + 1
-    res = runner.invoke(app, ["trace", "show", str(path)])
+    res = hicache(["trace", "show", str(path)])
     assert res.exit_code == 2
     assert f"line {line}" in res.stderr and why in res.stderr and "Traceback" not in res.output
-    res = runner.invoke(app, ["trace", "show", str(path), "--json"])
+    res = hicache(["trace", "show", str(path), "--json"])
     assert res.exit_code == 2 and json.loads(res.stdout)["error"]["code"] == "input_error"
     assert f"line {line}" in json.loads(res.stdout)["error"]["message"]
 
 
 def test_trace_show_missing_file_is_exit_2(tmp_path):
-    res = runner.invoke(app, ["trace", "show", str(tmp_path / "nope.jsonl")])
+    res = hicache(["trace", "show", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == 2 and "does not exist" in res.stderr
 
 
@@ -503,7 +501,7 @@ def test_tap_flags_parse_with_sglangs_own_argument_parser(tmp_path):
 
     user = {"master_server_address": "10.0.0.1:50051", "protocol": "rdma", "prefetch_threshold": 128,
             "module_path": "someone.else"}  # fmt: skip
-    res = runner.invoke(app, ["tap", "--extra-config", json.dumps(user), "--path", str(tmp_path / "t.jsonl"),
+    res = hicache(["tap", "--extra-config", json.dumps(user), "--path", str(tmp_path / "t.jsonl"),
                               "--tp-size", "2"])  # fmt: skip
     assert res.exit_code == 0, res.output
     command_line = res.stdout.splitlines()[1]
@@ -524,7 +522,7 @@ def test_tap_flags_parse_with_sglangs_own_argument_parser(tmp_path):
 def test_tap_json_fields_and_extra_config_file(tmp_path):
     cfg = tmp_path / "mooncake.json"
     cfg.write_text(json.dumps({"master_server_address": "h:1", "global_segment_size": "8gb"}))
-    res = runner.invoke(app, ["tap", "--json", "--extra-config", f"@{cfg}", "--no-objects", "--path", "rel.jsonl"])
+    res = hicache(["tap", "--json", "--extra-config", f"@{cfg}", "--no-objects", "--path", "rel.jsonl"])
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     assert plan["kept_keys"] == ["master_server_address", "global_segment_size"]
@@ -545,7 +543,7 @@ def test_tap_json_fields_and_extra_config_file(tmp_path):
     ],
 )
 def test_tap_bad_extra_config_is_exit_2(value, message):
-    res = runner.invoke(app, ["tap", "--extra-config", value])
+    res = hicache(["tap", "--extra-config", value])
     assert res.exit_code == 2 and message in res.stderr and "Traceback" not in res.output
 
 

@@ -8,13 +8,11 @@ import json
 import numpy as np
 import pytest
 from serve_process import Serve
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.playbook import holds, list_playbooks, parse_condition, resolve_path
 from hicache_ops.server.client import ServeClient
+from cli_runner import hicache
 
-runner = CliRunner()
 # wait_complete: a healthy run must not depend on how fast L3 reads are here; the stop-policy case sets its own.
 BASE = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
 
@@ -57,7 +55,7 @@ def prompt(tmp_path, n_tokens: int = 160, written_by: Serve | None = None, **nam
 
 
 def run_book(name: str, *args: str) -> tuple[int, dict]:
-    result = runner.invoke(app, ["playbook", "run", name, *args, "--json"])
+    result = hicache(["playbook", "run", name, *args, "--json"])
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -71,7 +69,7 @@ def finding(data: dict) -> str | None:
 def test_every_playbook_parses_and_the_required_ones_exist():
     names = {p.name for p in list_playbooks()}
     assert names >= {"no-l3-hit", "short-storage-hit", "recomputed-after-get", "te-not-reused", "master-unreachable", "dtype-mismatch"}
-    result = runner.invoke(app, ["playbook", "show", "no-l3-hit", "--json"])
+    result = hicache(["playbook", "show", "no-l3-hit", "--json"])
     assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 9
 
 
@@ -85,9 +83,9 @@ def test_conditions():
 
 
 def test_unknown_playbook_and_missing_prompt_file():
-    result = runner.invoke(app, ["playbook", "run", "nope", "--json"])
+    result = hicache(["playbook", "run", "nope", "--json"])
     assert result.exit_code == 2 and "Known playbooks" in json.loads(result.stdout)["error"]["hint"]
-    result = runner.invoke(app, ["playbook", "run", "no-l3-hit", "--prompt", "/nonexistent.json", "--json"])
+    result = hicache(["playbook", "run", "no-l3-hit", "--prompt", "/nonexistent.json", "--json"])
     assert result.exit_code == 2
 
 

@@ -14,14 +14,12 @@ import warnings
 from array import array
 
 import pytest
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.inspect.store import inspect_store
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store import StoreClient
+from cli_runner import hicache
 
-runner = CliRunner()
 PAGE = 16
 PAGES = 8
 TP = 2
@@ -96,7 +94,7 @@ def inspect_keys(master, tokens, *extra):
     args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
             "--sglang-version", "0.5.23", "--model-name", MODEL, "--tp-size", str(TP),
             "--master", master.metrics_address, "--json", *extra]
-    result = runner.invoke(app, args)
+    result = hicache(args)
     return result.exit_code, json.loads(result.stdout)
 
 

@@ -9,9 +9,7 @@ import sys
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.host_pool import LAYOUTS, DevicePoolLayout, HostPoolLayout
 from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
@@ -26,8 +24,8 @@ from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLAHostAllocation, MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
+from cli_runner import hicache
 
-runner = CliRunner()
 
 # SGLang checks requested host bytes against this machine's free memory minus 10 GiB; book the
 # tiny pools below against a fixed budget (SGLang's own scope) so a busy machine cannot fail them.
@@ -371,7 +369,7 @@ def test_geometry_resolution():
 
 
 def invoke(*args):
-    return runner.invoke(app, ["inspect", "layout", *args])
+    return hicache(["inspect", "layout", *args])
 
 
 def test_cli_json_shape():

@@ -34,6 +34,7 @@ from hicache_ops.kernels import (
 )
 from hicache_ops.kernels import transfer as transfer_mod
 from hicache_ops.kernels.checksum import C1, C2, GOLDEN, KEY_SEED, MASK64
+from cli_runner import hicache
 
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -403,11 +404,7 @@ def test_storage_checksum_refuses_bad_objects():
 
 
 def _bench_json(*args):
-    from typer.testing import CliRunner
-
-    from hicache_ops.cli.main import app
-
-    result = CliRunner().invoke(app, ["bench", "kernels", *args, "--json"])
+    result = hicache(["bench", "kernels", *args, "--json"])
     return result.exit_code, json.loads(result.stdout)
 
 

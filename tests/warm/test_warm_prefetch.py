@@ -10,15 +10,13 @@ import time
 import numpy as np
 import pytest
 from serve_process import Serve
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.server.client import ServeClient
 from hicache_ops.tokens import read_prompts
 from hicache_ops.warm import warm_serve
+from cli_runner import hicache
 
-runner = CliRunner()
 # wait_complete: storage-hit assertions must not depend on how fast L3 reads are on a busy machine.
 SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32", "--hicache-storage-prefetch-policy", "wait_complete")
 
@@ -39,7 +37,7 @@ def serve(tmp_path_factory):
 
 
 def warm_json(*args) -> tuple[int, dict]:
-    result = runner.invoke(app, ["warm", *args, "--json"])
+    result = hicache(["warm", *args, "--json"])
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -50,7 +48,7 @@ def test_warm_then_inspect_keys_finds_every_page_and_rerun_skips(serve, tmp_path
     assert data["summary"]["written"] == 5 and data["complete"]
     metrics = serve.info["master_metrics_address"]
     for line in range(1, 6):
-        result = runner.invoke(app, [
+        result = hicache([
             "inspect", "keys", "--tokens-file", prompts, "--line", str(line), "--page-size", "16",
             "--model-name", "hicache/tiny", "--sglang-version", serve.info["sglang_version"], "--master", metrics, "--json",
         ])
@@ -82,7 +80,7 @@ def test_prefetch_figures_agree_with_serve_stats(serve, tmp_path):
     with ServeClient(serve.url) as client:
         client.flush()
         before = client.stats()["stats"]
-    result = runner.invoke(app, ["prefetch", prompts, "--serve", serve.url, "--json"])
+    result = hicache(["prefetch", prompts, "--serve", serve.url, "--json"])
     assert result.exit_code == 0, result.stdout
     rows = json.loads(result.stdout)["prompts"]
     with ServeClient(serve.url) as client:
@@ -93,7 +91,7 @@ def test_prefetch_figures_agree_with_serve_stats(serve, tmp_path):
     assert set(rows[0]["policies"]) == {"best_effort", "wait_complete", "timeout"}
     assert rows[0]["policies"]["wait_complete"]["deadline_s"] is None
     # Now the pages are local: a second prefetch fetches nothing.
-    result = runner.invoke(app, ["prefetch", prompts, "--serve", serve.url, "--json"])
+    result = hicache(["prefetch", prompts, "--serve", serve.url, "--json"])
     assert all(r["local_tokens"] == 160 and r["fetched_pages"] == 0 for r in json.loads(result.stdout)["prompts"])
 
 
@@ -138,7 +136,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         old = [k for k in admin.get_all_keys() if k.startswith("hicache-tiny_")]
     with StoreClient.connect(rpc) as store:
         original = {k: store.get(k) for k in old}
-    result = runner.invoke(app, ["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc, "--json"])
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc, "--json"])
     assert result.exit_code == 0, result.stdout
     data = json.loads(result.stdout)
     assert data["copied"] == len(old) and data["verified"] == len(old) and data["removed"] == 0
@@ -146,7 +144,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         for key, value in original.items():
             assert store.get("renamed_" + key[len("hicache-tiny_"):]) == value  # byte for byte
     # Resumable: the second run finds the copies in place; --remove-old then drops the originals.
-    result = runner.invoke(app, ["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc,
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc,
                                  "--remove-old", "--json"])
     data = json.loads(result.stdout)
     assert data["already_there"] == len(old) and data["removed"] == len(old)
@@ -166,7 +164,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
 def test_bad_input_and_unreachable(tmp_path, args, code, fragment):
     prompts = write_prompts(tmp_path / "x.jsonl", 1, seed=6)
     started = time.monotonic()
-    result = runner.invoke(app, ["warm", prompts, *args, "--json"])
+    result = hicache(["warm", prompts, *args, "--json"])
     assert result.exit_code == code, result.stdout
     assert fragment in json.loads(result.stdout)["error"]["message"]
     assert time.monotonic() - started < 5
@@ -176,7 +174,7 @@ def test_malformed_jsonl_names_the_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_ids": [1, 2]}\n{"input_ids": [1,\n')
     for cmd in (["warm", str(bad)], ["prefetch", str(bad)]):
-        result = runner.invoke(app, [*cmd, "--json"])
+        result = hicache([*cmd, "--json"])
         assert result.exit_code == 2
         assert "bad.jsonl:2" in json.loads(result.stdout)["error"]["message"]
 

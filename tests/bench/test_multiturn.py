@@ -7,16 +7,14 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from hicache_ops.bench.multiturn import CONFIGS, MultiturnSpec, run_config, run_multiturn
-from hicache_ops.cli.main import app
+from cli_runner import hicache
 
-runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, ["bench", "multiturn", *args])
+    return hicache(["bench", "multiturn", *args])
 
 
 def first_round_over(spec_pages: int, clients: int, turn: int, page: int, rounds: int) -> int | None:

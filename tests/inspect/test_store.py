@@ -9,9 +9,7 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.inspect.store import ObjectKeyParts, group_keys, inspect_store, parse_object_key
 from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
@@ -19,8 +17,8 @@ from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.master import EmbeddedMaster
 from hicache_ops.mooncake.net import parse_host_port
 from hicache_ops.mooncake.store import StoreClient
+from cli_runner import hicache
 
-runner = CliRunner()
 HANG_BOUND_S = 5.0
 PK = page_keys(list(range(64)), 16, "0.5.23")  # four page keys
 
@@ -32,7 +30,7 @@ def closed_port() -> int:
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args))
+    return hicache(list(args))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from hicache_ops.errors import InputError
 from hicache_ops.sglang.keys import ObjectKeyScheme, namespace_seed, page_keys
 
 # Computed with SGLang 0.5.23's own functions (shared/refs), kept here so the test always runs.
-REFS = json.loads((Path(__file__).parent / "data" / "sglang_public_refs.json").read_text())
+REFS = json.loads((Path(__file__).parents[1] / "data" / "sglang_public_refs.json").read_text())
 
 from sglang.srt.mem_cache import utils as sglang_utils  # noqa: E402  (a test dependency)
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402

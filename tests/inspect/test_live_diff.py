@@ -7,16 +7,14 @@ import random
 import socket
 
 import pytest
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.inspect.keys import Deployment, expected_keys
 from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
 from hicache_ops.inspect.live_diff import live_diff
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store import StoreClient
+from cli_runner import hicache
 
-runner = CliRunner()
 PAGE = 16
 PAGES = 4
 
@@ -55,7 +53,7 @@ def tokens():
 def live(master, tokens, *extra: str):
     args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
             "--sglang-version", "0.5.23", "--master", master.metrics_address, "--json", *extra]
-    result = runner.invoke(app, args)
+    result = hicache(args)
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -177,13 +175,13 @@ def test_human_output(mooncake_master, writer, tokens):
     writer(tokens, model_name="M", pages={0, 1})
     args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
             "--model-name", "M", "--sglang-version", "0.5.23", "--master", mooncake_master.metrics_address]
-    result = runner.invoke(app, args)
+    result = hicache(args)
     assert result.exit_code == 1
     assert "contiguous prefix 2/4 pages (32 tokens)" in result.stdout and "first missing" in result.stdout
 
 
 def test_try_options_need_master(tokens):
-    result = runner.invoke(app, ["inspect", "keys", "--tokens", "1,2,3", "--try-extra-key", "x", "--json"])
+    result = hicache(["inspect", "keys", "--tokens", "1,2,3", "--try-extra-key", "x", "--json"])
     assert result.exit_code == 2
 
 
@@ -191,9 +189,9 @@ def test_unreachable_master_is_exit_3(tokens):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = runner.invoke(app, ["inspect", "keys", "--tokens", "1,2,3", "--master", f"127.0.0.1:{port}", "--json"])
+    result = hicache(["inspect", "keys", "--tokens", "1,2,3", "--master", f"127.0.0.1:{port}", "--json"])
     assert result.exit_code == 3 and f"127.0.0.1:{port}" in json.loads(result.stdout)["error"]["message"]
-    result = runner.invoke(app, ["inspect", "keys", "--tokens", "1,2,3", "--master", "127.0.0.1", "--json"])
+    result = hicache(["inspect", "keys", "--tokens", "1,2,3", "--master", "127.0.0.1", "--json"])
     assert result.exit_code == 2
 
 
@@ -229,7 +227,7 @@ def test_silent_master_is_exit_3_within_5s(fresh_mooncake_master, freeze_process
     start = time.monotonic()
     args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
             "--master", fresh_mooncake_master.metrics_address, "--json"]
-    result = runner.invoke(app, args)
+    result = hicache(args)
     assert time.monotonic() - start < 5.0
     assert result.exit_code == 3
     assert fresh_mooncake_master.metrics_address in json.loads(result.stdout)["error"]["message"]

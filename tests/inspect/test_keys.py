@@ -8,15 +8,13 @@ import sys
 from array import array
 
 import pytest
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
+from cli_runner import hicache
 
-runner = CliRunner()
 
 
 def run_json(*args: str, input: str | None = None) -> tuple[int, dict]:
-    result = runner.invoke(app, ["inspect", "keys", *args, "--json"], input=input)
+    result = hicache(["inspect", "keys", *args, "--json"], input=input)
     return result.exit_code, json.loads(result.stdout)
 
 
@@ -96,7 +94,7 @@ def test_text_with_local_tokenizer(tmp_path):
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(args, fragment):
-    result = runner.invoke(app, ["inspect", "keys", *args, "--json"])
+    result = hicache(["inspect", "keys", *args, "--json"])
     assert result.exit_code == 2, result.stdout
     error = json.loads(result.stdout)["error"]
     assert fragment in error["message"]
@@ -106,7 +104,7 @@ def test_bad_input_exits_2_with_one_sentence(args, fragment):
 def test_malformed_jsonl_line_is_named(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"input_ids": [1, 2]}\n{"input_ids": [1, 2\n')
-    result = runner.invoke(app, ["inspect", "keys", "--tokens-file", str(f), "--line", "1", "--json"])
+    result = hicache(["inspect", "keys", "--tokens-file", str(f), "--line", "1", "--json"])
     assert result.exit_code == 2
     assert "p.jsonl:2 is not valid JSON" in json.loads(result.stdout)["error"]["message"]
 

@@ -7,14 +7,12 @@ import json
 
 import pytest
 from serve_process import Serve
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.engine.builder import EngineSpec
 from hicache_ops.sglang.geometry import ModelGeometry, preset
 from hicache_ops.trace.run import FAULTS, run_embedded
+from cli_runner import hicache
 
-runner = CliRunner()
 TOKENS = list(range(2000, 2200))  # 12 whole pages of 16 and 8 trailing tokens
 # wait_complete: a test that expects every L3 page must not depend on how fast reads are here
 # (best_effort takes what arrived by admission); the stop-policy fault sets its own policy.
@@ -70,20 +68,20 @@ def test_injected_fault_stops_at_the_right_step(kind, fault):
 
 
 def test_cli_json_lines_and_exit_codes():
-    result = runner.invoke(app, ["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--json"])
+    result = hicache(["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--json"])
     assert result.exit_code == 0, result.stdout
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["name"] for r in records] == WRITE_STEPS
     assert set(records[0]) >= {"step", "name", "status", "detail", "elapsed_ms"}
-    result = runner.invoke(
-        app, ["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--prefetch-threshold", "64", "--inject", "missing-v", "--json"]
+    result = hicache(
+        ["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--prefetch-threshold", "64", "--inject", "missing-v", "--json"]
     )
     assert result.exit_code == 1
     assert json.loads(result.stdout.splitlines()[-1])["status"] == "FAIL"
 
 
 def test_cli_step_mode_waits_for_enter():
-    result = runner.invoke(app, ["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--step"], input="\n" * 20)
+    result = hicache(["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--step"], input="\n" * 20)
     assert result.exit_code == 0
     assert "verify on master" in result.stdout
 
@@ -100,7 +98,7 @@ def test_cli_step_mode_waits_for_enter():
 )
 def test_cli_bad_input_exits_2(args, fragment):
     kind, *rest = args
-    result = runner.invoke(app, ["trace", kind, "--tokens", ",".join(map(str, TOKENS)), *rest, "--json"])
+    result = hicache(["trace", kind, "--tokens", ",".join(map(str, TOKENS)), *rest, "--json"])
     assert result.exit_code == 2, result.stdout
     assert fragment in json.loads(result.stdout)["error"]["message"]
 
@@ -109,11 +107,11 @@ def test_against_a_running_serve(tmp_path):
     serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
     try:
         ids = ",".join(map(str, TOKENS))
-        write = runner.invoke(app, ["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        write = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
         assert write.exit_code == 0, write.stdout
-        local = runner.invoke(app, ["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
+        local = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
         assert json.loads(local.stdout.splitlines()[0])["status"] == "INFO"  # served from L1
-        read = runner.invoke(app, ["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
+        read = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
         assert read.exit_code == 0, read.stdout
         assert [json.loads(line)["name"] for line in read.stdout.splitlines()] == READ_STEPS
     finally:
@@ -121,7 +119,7 @@ def test_against_a_running_serve(tmp_path):
 
 
 def test_unreachable_serve_exits_3():
-    result = runner.invoke(app, ["trace", "read", "--tokens", "1,2,3", "--serve", "http://127.0.0.1:1", "--json"])
+    result = hicache(["trace", "read", "--tokens", "1,2,3", "--serve", "http://127.0.0.1:1", "--json"])
     assert result.exit_code == 3
 
 

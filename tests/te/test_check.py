@@ -29,13 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from hicache_ops.cli.main import app
 from hicache_ops.errors import InputError
 from hicache_ops.te import REUSE_LOG_LINE, check_reuse, node_ranks, parse_server_args, rdma_devices
+from cli_runner import hicache
 
-runner = CliRunner()
 
 HICACHE = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
 MAP2 = '{"0": "mlx5_0", "1": "mlx5_1"}'
@@ -310,7 +308,7 @@ def test_server_args_from_a_file_with_a_launcher_prefix_and_comments(tmp_path):
 
 
 def invoke(*args: str, env: dict | None = None):
-    return runner.invoke(app, ["te", "check", *args], env=env)
+    return hicache(["te", "check", *args], env=env)
 
 
 def test_cli_exit_codes_and_json_shape(tmp_path):
