@@ -501,6 +501,7 @@ def triton_subprocess(request, tmp_path_factory):
     here = Path(__file__).resolve()
     code = (
         "import importlib.util, json, sys\n"
+        f"sys.path.insert(0, {str(here.parents[1])!r})\n"  # tests/: the shared helpers
         f"spec = importlib.util.spec_from_file_location('kernel_tests', {str(here)!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "print(json.dumps(m._triton_checks()))\n"
