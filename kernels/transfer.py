@@ -153,8 +153,9 @@ def _execute(plan: TransferPlan, *, to_host: bool, backend: str, tile: int) -> N
         from . import _triton
 
         _triton.copy_tokens(
-            plan.device, plan.host, plan.device_tokens, plan.host_tokens, geometry=plan.geometry, to_host=to_host, tile=tile
-        )
+            plan.device, plan.host, plan.device_tokens, plan.host_tokens,
+            geometry=plan.geometry, to_host=to_host, tile=tile,
+        )  # fmt: skip
         return
     copier = CPU_COPIER[plan.layout] if chosen == "cpu" else "torch"
     copy_runs(plan, to_host=to_host, copier=copier)

@@ -474,7 +474,9 @@ def _documented_shapes(section: str) -> dict[str, str]:
     return dict(rows)
 
 
-@pytest.mark.parametrize("section,table", [("MHA buffer shapes", MHA_HOST_BUFFERS), ("MLA buffer shapes", MLA_HOST_BUFFERS)])
+@pytest.mark.parametrize(
+    "section,table", [("MHA buffer shapes", MHA_HOST_BUFFERS), ("MLA buffer shapes", MLA_HOST_BUFFERS)]
+)
 def test_host_buffer_table_is_what_docs_say(section, table):
     documented = _documented_shapes(section)
     assert {layout: buf.describe() for layout, buf in table.items()} == {
