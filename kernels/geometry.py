@@ -19,7 +19,7 @@ import torch
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.host_pool import (
     HEAD_DIM,
-    HEADS,
+    HEADS_PER_RANK,
     LAYERS,
     MLA_HOST_BUFFERS,
     PAGE_SIZE,
@@ -146,7 +146,7 @@ def page_object_view(layout: str, geometry: PageGeometry) -> tuple[tuple[int, ..
             hint="Use page_first, page_first_direct or page_head.",
         )
     g = geometry
-    sizes = {LAYERS: g.layers, PAGE_SIZE: g.page_size, HEADS: g.heads_per_rank, HEAD_DIM: g.row_bytes}
+    sizes = {LAYERS: g.layers, PAGE_SIZE: g.page_size, HEADS_PER_RANK: g.heads_per_rank, HEAD_DIM: g.row_bytes}
     return tuple(sizes[d] for d in buf.page_object_dims), buf.page_object_order
 
 

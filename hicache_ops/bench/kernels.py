@@ -29,7 +29,7 @@ from ..kernels.indexing import pages_to_tokens
 from ..kernels.transfer import backup, load
 from ..sglang.host_pool import (
     HEAD_DIM,
-    HEADS,
+    HEADS_PER_RANK,
     KV,
     LAYERS,
     MHA_HOST_BUFFERS,
@@ -124,7 +124,7 @@ def _make_pools(attention, layers, heads, head_dim, kv_dim, dtype, dev_tokens, h
         device = fill((layers, dev_tokens, 1, kv_dim))
     h, d = (heads, head_dim) if attention == "mha" else (1, kv_dim)
     sizes = {KV: 2, LAYERS: layers, SIZE: host_pages * page_size, PAGE_NUM: host_pages, PAGE_SIZE: page_size,
-             HEADS: h, HEAD_DIM: d}  # fmt: skip
+             HEADS_PER_RANK: h, HEAD_DIM: d}  # fmt: skip
     buffers = MHA_HOST_BUFFERS if attention == "mha" else MLA_HOST_BUFFERS
     hosts = {lay: torch.zeros(buffers[lay].shape(sizes), dtype=dtype, pin_memory=pin) for lay in layouts}
     return device, hosts

@@ -23,17 +23,19 @@ LAYERS = "layers"
 SIZE = "size"  # token slots: page_num * page_size
 PAGE_NUM = "page_num"
 PAGE_SIZE = "page_size"
-HEADS = "heads_per_rank"  # MLA: 1
+HEADS_PER_RANK = "heads_per_rank"  # MLA: 1
 HEAD_DIM = "head_dim"  # MLA: kv_cache_dim, the latent row
 
 # One component (K, V or the MLA latent) in canonical order: token t of a layer and head sits at
 # [layer, t // page_size, t % page_size, head]. A page's bytes in this order are the
 # page_first_direct page, so every layout has one byte order to compare pages in.
-CANONICAL_DIMS: tuple[str, ...] = (LAYERS, PAGE_NUM, PAGE_SIZE, HEADS, HEAD_DIM)
-CANONICAL_PAGE_DIMS: tuple[str, ...] = (LAYERS, PAGE_SIZE, HEADS, HEAD_DIM)
+CANONICAL_DIMS: tuple[str, ...] = (LAYERS, PAGE_NUM, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)
+CANONICAL_PAGE_DIMS: tuple[str, ...] = (LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)
 
-_LABELS = {KV: "2", LAYERS: "L", SIZE: "size", PAGE_NUM: "page_num", PAGE_SIZE: "ps", HEADS: "H", HEAD_DIM: "D"}
-_MLA_LABELS = {**_LABELS, HEADS: "1", HEAD_DIM: "C"}
+_LABELS = {
+    KV: "2", LAYERS: "L", SIZE: "size", PAGE_NUM: "page_num", PAGE_SIZE: "ps", HEADS_PER_RANK: "H", HEAD_DIM: "D"
+}  # fmt: skip
+_MLA_LABELS = {**_LABELS, HEADS_PER_RANK: "1", HEAD_DIM: "C"}
 
 
 def _order(dims: tuple[str, ...], target: tuple[str, ...]) -> tuple[int, ...]:
@@ -92,15 +94,15 @@ class HostBufferDims:
 # buffers. 0.5.23's page_unified is internal (not a CLI choice) and is not modelled;
 # page_first_kv_split is Ascend-only.
 MHA_HOST_BUFFERS: dict[str, HostBufferDims] = {
-    "layer_first": HostBufferDims(False, (KV, LAYERS, SIZE, HEADS, HEAD_DIM)),
-    "page_first": HostBufferDims(False, (KV, SIZE, LAYERS, HEADS, HEAD_DIM)),
-    "page_first_direct": HostBufferDims(False, (KV, PAGE_NUM, LAYERS, PAGE_SIZE, HEADS, HEAD_DIM)),
-    "page_head": HostBufferDims(False, (KV, PAGE_NUM, HEADS, PAGE_SIZE, LAYERS, HEAD_DIM)),
+    "layer_first": HostBufferDims(False, (KV, LAYERS, SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first": HostBufferDims(False, (KV, SIZE, LAYERS, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first_direct": HostBufferDims(False, (KV, PAGE_NUM, LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_head": HostBufferDims(False, (KV, PAGE_NUM, HEADS_PER_RANK, PAGE_SIZE, LAYERS, HEAD_DIM)),
 }
 MLA_HOST_BUFFERS: dict[str, HostBufferDims] = {
-    "layer_first": HostBufferDims(True, (LAYERS, SIZE, HEADS, HEAD_DIM)),
-    "page_first": HostBufferDims(True, (SIZE, LAYERS, HEADS, HEAD_DIM)),
-    "page_first_direct": HostBufferDims(True, (PAGE_NUM, LAYERS, PAGE_SIZE, HEADS, HEAD_DIM)),
+    "layer_first": HostBufferDims(True, (LAYERS, SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first": HostBufferDims(True, (SIZE, LAYERS, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first_direct": HostBufferDims(True, (PAGE_NUM, LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)),
 }
 LAYOUTS: tuple[str, ...] = tuple(MHA_HOST_BUFFERS)
 # The IO backends between device and host on CUDA/ROCm (kernel_ascend is Ascend-only).
@@ -325,7 +327,7 @@ class HostPoolLayout:
             SIZE: self.size,
             PAGE_NUM: self.page_num,
             PAGE_SIZE: self.page_size,
-            HEADS: self.heads_per_rank,
+            HEADS_PER_RANK: self.heads_per_rank,
             HEAD_DIM: self.geometry.kv_cache_dim,
         }
         return host_buffer_dims(self.layout, mla=self.mla).shape(sizes)

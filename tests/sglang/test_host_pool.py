@@ -16,7 +16,7 @@ import torch
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.host_pool import (
     HEAD_DIM,
-    HEADS,
+    HEADS_PER_RANK,
     KV,
     LAYERS,
     LAYOUTS,
@@ -488,7 +488,7 @@ def test_canonical_order_puts_each_token_where_the_layout_does():
     """Token t of layer l, head h sits at [l, t // ps, t % ps, h] of the canonical view built from the
     table, whatever the layout and attention kind (checked on a buffer of distinct values)."""
     L, H, D, ps, pages = 2, 3, 1, 4, 5
-    sizes = {KV: 2, LAYERS: L, SIZE: pages * ps, PAGE_NUM: pages, PAGE_SIZE: ps, HEADS: H, HEAD_DIM: D}
+    sizes = {KV: 2, LAYERS: L, SIZE: pages * ps, PAGE_NUM: pages, PAGE_SIZE: ps, HEADS_PER_RANK: H, HEAD_DIM: D}
     for layout, buf in [*MHA_HOST_BUFFERS.items(), *MLA_HOST_BUFFERS.items()]:
         shape = buf.shape(sizes)
         host = torch.arange(math.prod(shape)).reshape(shape)
@@ -500,6 +500,8 @@ def test_canonical_order_puts_each_token_where_the_layout_does():
         for t in (0, 5, pages * ps - 1):
             for layer in range(L):
                 for head in range(H):
-                    where = {LAYERS: layer, SIZE: t, PAGE_NUM: t // ps, PAGE_SIZE: t % ps, HEADS: head, HEAD_DIM: 0}
+                    where = {
+                        LAYERS: layer, SIZE: t, PAGE_NUM: t // ps, PAGE_SIZE: t % ps, HEADS_PER_RANK: head, HEAD_DIM: 0
+                    }  # fmt: skip
                     index = tuple(where[d] for d in buf.component_dims)
                     assert canon[layer, t // ps, t % ps, head, 0] == comp[index], (layout, t, layer, head)
