@@ -16,7 +16,7 @@ from ..output import emit, reporting, stderr, stdout
 
 
 def _percent(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:5.1f}%"
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _tokens(n: int | None) -> str:
@@ -53,7 +53,6 @@ def _render(data: dict) -> None:
         stdout.print(f"bounded L3 evicts as the {cfg['l3_eviction']}", highlight=False)
     if data.get("points"):
         _render_sweep(data)
-        stdout.print("L1 device, L2 host, L3 Mooncake: each tier's share of the hit rate", highlight=False)
     else:
         table = Table(title="hit rate per tier (cached / prompt tokens)", title_justify="left", show_edge=False,
                       pad_edge=False)
@@ -76,17 +75,17 @@ def _render(data: dict) -> None:
         )
     b = data["baseline"]
     ceiling = data["ceiling_hit_rate"]
-    stdout.print(
-        f"hit rate {_percent(data['hit_rate']).strip()} of prompt tokens = {_percent(data['hit_rate_of_ceiling']).strip()} "
-        f"of the unbounded ceiling {_percent(ceiling).strip()} (SGLang pages, same requests)"
-        + (" [largest capacity]" if data.get("points") else ""),
-        highlight=False,
-    )
-    stdout.print(
-        f"prefilled tokens saved {data['prefilled_tokens_saved']:,}, still prefilled {data['prefilled_tokens']:,}",
-        highlight=False,
-    )
     if not data.get("points"):
+        stdout.print(
+            f"hit rate {_percent(data['hit_rate']).strip()} of prompt tokens = "
+            f"{_percent(data['hit_rate_of_ceiling']).strip()} of the unbounded ceiling {_percent(ceiling).strip()} "
+            "(SGLang pages, same requests)",
+            highlight=False,
+        )
+        stdout.print(
+            f"prefilled tokens saved {data['prefilled_tokens_saved']:,}, still prefilled {data['prefilled_tokens']:,}",
+            highlight=False,
+        )
         capacity = _tokens(b["capacity_tokens"])
         ratio = b["hit_rate"] / b["unbounded_hit_rate"] if b["unbounded_hit_rate"] else 0.0
         stdout.print(
@@ -109,19 +108,30 @@ def _render(data: dict) -> None:
 def _render_sweep(data: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"hit rate against {data['sweep'].upper()} capacity", title_justify="left",
-                  show_edge=False, pad_edge=False)
-    for name in ("capacity", "hit", "of ceiling", "L1", "L2", "L3", "block LRU", "evicted L1/L2/L3", "time"):
+    points = data["points"]
+    tiers = [t for t in ("l1", "l2", "l3") if points[-1]["tiers"][t]["capacity_tokens"] != 0]
+    table = Table(title=f"hit rate against {data['sweep'].upper()} capacity (cached / prompt tokens)",
+                  title_justify="left", show_edge=False, pad_edge=False, collapse_padding=True)
+    columns = ["capacity", "hit", "/ceiling"]
+    if len(tiers) > 1:
+        columns += [t.upper() for t in tiers]
+    columns += ["LRU", "evicted", "time"]
+    for name in columns:
         table.add_column(name, justify="right")
-    for p in data["points"]:
-        tiers = p["tiers"]
-        table.add_row(
-            _tokens(p["capacity_tokens"]), _percent(p["hit_rate"]), _percent(p["hit_rate_of_ceiling"]),
-            *(_percent(tiers[t]["hit_rate"]) for t in ("l1", "l2", "l3")), _percent(p["baseline_hit_rate"]),
-            "/".join(f"{tiers[t]['evictions']:,}" for t in ("l1", "l2", "l3")), f"{p['elapsed_s']:.1f}s",
-        )
+    for p in points:
+        row = [_tokens(p["capacity_tokens"]), _percent(p["hit_rate"]), _percent(p["hit_rate_of_ceiling"])]
+        if len(tiers) > 1:
+            row += [_percent(p["tiers"][t]["hit_rate"]) for t in tiers]
+        row += [_percent(p["baseline_hit_rate"]), f"{p['tiers'][data['sweep']]['evictions']:,}",
+                f"{p['elapsed_s']:.1f}s"]
+        table.add_row(*row)
     stdout.print(table)
-    stdout.print(f"block LRU unbounded: {_percent(data['baseline']['unbounded_hit_rate']).strip()}", highlight=False)
+    stdout.print(
+        f"unbounded: {_percent(data['ceiling_hit_rate']).strip()} with SGLang's pages, "
+        f"{_percent(data['baseline']['unbounded_hit_rate']).strip()} with the block LRU (LRU: at the same "
+        f"capacity); {data['sweep'].upper()} evictions in pages",
+        highlight=False,
+    )
 
 
 class _Progress:
@@ -132,7 +142,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.last = time.monotonic()
 
-    def __call__(self, done: int, total: int, elapsed: float) -> None:
+    def __call__(self, done: int, total: int, elapsed: float, run: int, runs: int) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
@@ -140,7 +150,8 @@ class _Progress:
         if not finished and now - self.last < (0.2 if self.tty else 5.0):
             return
         self.last = now
-        line = f"replayed {done:,}/{total:,} requests ({elapsed:.0f}s)"
+        point = f"capacity {run}/{runs}: " if runs > 1 else ""
+        line = f"{point}replayed {done:,}/{total:,} requests ({elapsed:.0f}s)"
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if finished else ""))
             sys.stderr.flush()

@@ -45,8 +45,8 @@ MOONCAKE_EVICTION_RATIO = 0.05
 # The lease an exist query or a read grants an object (ms): a leased object is never evicted.
 MOONCAKE_LEASE_TTL_MS = 10_000.0
 
-# (requests done, requests in all, seconds since the start)
-Progress = Callable[[int, int, float], None]
+# (requests done, requests in all, seconds since the run's start, run number from 1, runs)
+Progress = Callable[[int, int, float, int, int], None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def check_fits(spec: ReplaySpec, trace: Trace) -> None:
 
 
 def replay(spec: ReplaySpec, trace: Trace, tokens: TokenSource | None = None,
-           progress: Progress | None = None) -> ReplayRun:
+           progress: Progress | None = None, run_number: tuple[int, int] = (1, 1)) -> ReplayRun:
     """Run the trace through one configuration; Ctrl-C stops it with what was replayed so far."""
     from dataclasses import asdict
 
@@ -408,7 +408,7 @@ def replay(spec: ReplaySpec, trace: Trace, tokens: TokenSource | None = None,
             done += len(group)
             prompt += sum(r.input_length for r in group)
             if progress is not None:
-                progress(done, total, time.perf_counter() - t0)
+                progress(done, total, time.perf_counter() - t0, *run_number)
     except KeyboardInterrupt:
         interrupted = True
         # A request cut off midway may have counted hits; the totals keep whole requests only.
@@ -552,8 +552,8 @@ def run_report(spec: ReplaySpec, trace: Trace, *, sweep_tier: str | None = None,
     tokens = TokenSource(trace)
     runs: list[ReplayRun] = []
     reference_s = 0.0
-    for s in specs:
-        run = replay(s, trace, tokens, progress)
+    for number, s in enumerate(specs, 1):
+        run = replay(s, trace, tokens, progress, (number, len(specs)))
         replayed = trace.head(run.requests)
         t = time.perf_counter()
         run.baseline = replay_baseline.block_lru(replayed, s.baseline_capacity())
@@ -603,7 +603,8 @@ def plot_sweep(data: dict, path: str) -> str:
     ax.plot(x, [100 * p["hit_rate"] for p in points], color="black", marker="o", linewidth=2.2,
             label="replay, all tiers (SGLang rules)")
     colors = {"l1": "tab:red", "l2": "tab:orange", "l3": "tab:blue"}
-    for t in TIERS:
+    contributing = [t for t in TIERS if any(p["tiers"][t]["cached_tokens"] for p in points)]
+    for t in contributing if len(contributing) > 1 else ():
         shares = [100 * p["tiers"][t]["hit_rate"] for p in points]
         if any(shares):
             ax.plot(x, shares, color=colors[t], marker=".", linewidth=1.2, label=f"  of which {TIER_LABELS[t]}")
