@@ -34,8 +34,8 @@ def _bytes(n: int | None) -> str:
         return "-"
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+            return f"{n / size:.1f}{unit}"
+    return f"{n}B"
 
 
 def _render(data: dict) -> None:
@@ -58,7 +58,7 @@ def _render(data: dict) -> None:
                       pad_edge=False)
         for name, justify in (("tier", "left"), ("tokens", "right"), ("bytes", "right"), ("cached", "right"),
                               ("hit", "right"), ("evicted", "right"), ("in", "right"), ("out", "right")):
-            table.add_column(name, justify=justify)
+            table.add_column(name, justify=justify, no_wrap=True)
         for tier, label in (("l1", "L1"), ("l2", "L2"), ("l3", "L3")):
             row = data["tiers"][tier]
             if row["capacity_tokens"] == 0:
@@ -117,7 +117,7 @@ def _render_sweep(data: dict) -> None:
         columns += [t.upper() for t in tiers]
     columns += ["LRU", "evicted", "time"]
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     for p in points:
         row = [_tokens(p["capacity_tokens"]), _percent(p["hit_rate"]), _percent(p["hit_rate_of_ceiling"])]
         if len(tiers) > 1:

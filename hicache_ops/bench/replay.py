@@ -23,7 +23,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import InputError
 from ..sglang.versions import NEWEST, validate_version
@@ -463,6 +463,10 @@ def parse_sweep(text: str, page_size: int) -> list[int]:
     return points
 
 
+# Sweep-point fields the top level states elsewhere (trace, baseline, wall_s).
+_POINT_ONLY = ("capacity_tokens", "baseline_hit_rate", "requests", "prompt_tokens", "elapsed_s")
+
+
 @dataclass
 class ReplayReport:
     trace: Trace
@@ -473,7 +477,6 @@ class ReplayReport:
     sweep_tier: str | None = None
     wall_s: float = 0.0
     reference_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @property
     def interrupted(self) -> bool:
@@ -518,7 +521,7 @@ class ReplayReport:
                        "l3_eviction": "mooncake master: lease-expired objects, oldest lease first, above a 0.90 "
                                       "watermark" if isinstance(self.spec.l3, int) else None},
             # One configuration: its figures; a sweep: the largest capacity's (the last point).
-            **{k: v for k, v in points[-1].items() if k != "capacity_tokens"},
+            **{k: v for k, v in points[-1].items() if k not in _POINT_ONLY},
             "ceiling_hit_rate": self.ceiling.hit_rate,
             "ceiling_cached_tokens": self.ceiling.cached_tokens,
             "baseline": {
@@ -536,7 +539,6 @@ class ReplayReport:
         if self.sweep_tier:
             data["sweep"] = self.sweep_tier
             data["points"] = points
-        data.update(self.extra)
         return data
 
 
