@@ -38,8 +38,8 @@ DEFAULT_HICACHE_RATIO = 2.0
 DEFAULT_PRESET = "llama-3.1-8b"
 MAX_SWEEP_STEPS = 50
 
-# Mooncake master defaults (mooncake-store/include/types.h): eviction starts above this share of
-# the segments in use, or after a put found no space, and frees at least this share per pass.
+# Mooncake master defaults (docs/mooncake.md#eviction): eviction starts above this share of the
+# segments in use, or after a put found no space, and frees at least this share per pass.
 MOONCAKE_HIGH_WATERMARK = 0.90
 MOONCAKE_EVICTION_RATIO = 0.05
 # The lease an exist query or a read grants an object (ms): a leased object is never evicted.
@@ -181,7 +181,7 @@ class ReplaySpec:
 
 class MooncakeEvictingL3:
     """An L3 of `capacity_pages` pages whose eviction follows Mooncake's master
-    (mooncake-store/src/master_service.cpp, `EvictionThreadFunc` and `BatchEvict`):
+    (docs/mooncake.md#eviction):
 
     - the eviction thread runs when the share of space in use is above the high watermark (0.90)
       or a put found no space; a put that finds no space fails (the page is not stored);
