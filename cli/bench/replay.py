@@ -223,7 +223,9 @@ def replay(
             page_size=page_size, l1_tokens=l1_tokens, l2_tokens=l2_tokens, hicache_ratio=hicache_ratio,
             l3=parse_l3(l3), write_policy=write_policy, sglang_version=sglang_version or default_version(),
             preset=preset,
-        ).validate()
+        )
+        if tier is None:  # a sweep validates each of its configurations
+            spec.validate()
         capacities = parse_sweep(sweep_range, page_size) if tier else None
         if plot is not None:
             _check_writable(plot)

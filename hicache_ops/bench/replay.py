@@ -547,9 +547,9 @@ def run_report(spec: ReplaySpec, trace: Trace, *, sweep_tier: str | None = None,
     """One configuration, or one per capacity of `sweep_tier`; each with its block LRU beside it,
     and the ceiling and the unbounded block LRU once over the requests replayed."""
     t0 = time.perf_counter()
-    spec.validate()
-    specs = [spec] if sweep_tier is None else [spec.with_tier(sweep_tier, c).validate() for c in capacities]
+    specs = [spec] if sweep_tier is None else [spec.with_tier(sweep_tier, c) for c in capacities]
     for s in specs:
+        s.validate()
         check_fits(s, trace)
     tokens = TokenSource(trace)
     runs: list[ReplayRun] = []

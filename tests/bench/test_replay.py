@@ -194,6 +194,26 @@ def test_sweep_points_are_log_spaced_and_the_hit_rate_grows_with_capacity():
     assert data["hit_rate"] == rates[-1] and data["sweep"] == "l1"
 
 
+def test_a_sweep_may_add_the_tier_the_base_configuration_lacks():
+    data = run_json("--l1-tokens", "200000", "--l2-tokens", "0", "--sweep", "l2", "400000:800000:2")
+    assert [p["tiers"]["l2"]["capacity_tokens"] for p in data["points"]] == [400064, 800064]
+    assert all(p["tiers"]["l3"]["capacity_tokens"] is None for p in data["points"])  # unbounded
+
+
+def test_ctrl_c_keeps_the_whole_requests_replayed_so_far():
+    trace = load_trace(str(SLICE))
+
+    def interrupt_after_120(done, total, elapsed, run, runs):
+        if done >= 120:
+            raise KeyboardInterrupt
+
+    run = replay(ReplaySpec(l1_tokens=300000, l3="none"), trace, progress=interrupt_after_120)
+    assert run.interrupted and run.requests == 120
+    assert run.prompt_tokens == sum(r.input_length for r in trace.requests[:120])
+    whole = replay(ReplaySpec(l1_tokens=300000, l3="none"), trace.head(120))
+    assert run.cached == whole.cached and not whole.interrupted
+
+
 def test_sweep_plot_is_written(tmp_path):
     png = tmp_path / "sweep.png"
     result = invoke(str(SLICE), "--quiet", "--l1-tokens", "150000", "--l3", "none", "--sweep", "l2",
