@@ -9,9 +9,10 @@ tokens / prompt tokens, per tier (L1 device, L2 host, L3 store) and together.
 Beside it, from the same requests: the ceiling (an unbounded cache with SGLang's page rules) and
 the published-style block LRU (replay_baseline.py).
 
-This module is the only one of the command that touches the engine: `_build_cache` and
-`_serve_group` are the whole adapter (today `engine.builder.build_accounting` and
-`TieredCache.prefill`, one request at a time).
+This module is the command's only door to the engine, so re-pointing it at a new engine API is a
+change here alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
+L3Tier), `_serve_group` (TieredCache.prefill, one request at a time), `replay` (the cache's pool
+sizes and CacheStats counters) and `MooncakeEvictingL3` (the L3Tier interface and its outcomes).
 
 A bounded L3 (`--l3 TOKENS`) evicts as Mooncake's master does (`MooncakeEvictingL3`).
 """
