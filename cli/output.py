@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import typer
@@ -23,6 +24,8 @@ stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
 
 DEBUG_ENV = "HICACHE_DEBUG"
+# Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
+JSON_EXTRAS: ContextVar[dict] = ContextVar("json_extras", default={})
 
 
 def print_json(data: Any) -> None:
@@ -33,7 +36,8 @@ def print_json(data: Any) -> None:
 def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
     """Print `data` as JSON, or hand it to `render` for people."""
     if json_output:
-        print_json(data)
+        extras = JSON_EXTRAS.get()
+        print_json({**data, **extras} if extras and isinstance(data, dict) else data)
     else:
         render(data)
 

@@ -8,6 +8,7 @@ import typer
 
 from .options import JsonOption, SglangVersionOption
 from .output import emit, reporting, stderr, stdout
+from .sglang_url import sglang_url_option
 
 app = typer.Typer(help="The shared Mooncake Transfer Engine: will the HiCache store reuse it?", no_args_is_help=True)
 
@@ -80,6 +81,7 @@ def _render(data: dict) -> None:
 
 
 @app.command("check")
+@sglang_url_option("sglang_version", "server_args")
 def check(
     server_args: Annotated[
         str | None,

@@ -25,6 +25,7 @@ from ..options import (
     TokensOption,
 )
 from ..output import emit, reporting, stderr, stdout
+from ..sglang_url import sglang_url_option
 
 
 def _render(report: KeyReport) -> None:
@@ -77,6 +78,8 @@ def _render_live(report: KeyReport, diff) -> None:
         stderr.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
+@sglang_url_option("sglang_version", "page_size", "model_name", "extra_backend_tag", "tp_size", "pp_size", "mla",
+                   "layout", "tp_lcm_size")
 def keys(
     tokens: TokensOption = None,
     tokens_file: TokensFileOption = None,

@@ -13,6 +13,7 @@ from hicache_ops.sglang.versions import default_version, validate_version
 
 from ..options import JsonOption, PageSizeOption, SglangVersionOption
 from ..output import emit, reporting, stderr, stdout
+from ..sglang_url import sglang_url_option
 
 
 def human_bytes(n: int) -> str:
@@ -111,6 +112,8 @@ def _render(report: LayoutReport) -> None:
         stderr.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 
 
+@sglang_url_option("sglang_version", "page_size", "device_tokens", "hicache_ratio", "hicache_size", "io_backend",
+                   "tp_size", "tp_lcm_size", "mooncake", layout="layout_")
 def layout(
     preset: Annotated[
         str | None,

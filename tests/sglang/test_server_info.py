@@ -1,0 +1,323 @@
+"""`--sglang-url`: reading a running SGLang server's resolved arguments (docs/server-info.md).
+
+The info bodies are built by SGLang's own `ServerArgs` for each version and serialised the way
+that version's `http_server.py` does: 0.5.14 `dataclasses.asdict(server_args)` plus the scheduler's
+start-up info, `internal_states`, `version` and `kv_events`; 0.5.23 `build_server_info` (the
+resolved dict and `launch_command`) plus `startup_time`, `internal_states`, `version`, `frontend`.
+Both then go through FastAPI's encoder, as a route's returned dict does. A real HTTP server on
+loopback serves them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from cli_runner import hicache
+from hicache_ops.errors import InputError
+from hicache_ops.mooncake.net import free_port
+from hicache_ops.sglang.server_info import interpret, resolve_from_server
+from sglang_0_5_14 import run_0_5_14
+
+# A deployment whose key prefix, split heads and host layout all come from the server.
+LAUNCH = [
+    "--page-size", "32", "--tp-size", "2", "--served-model-name", "org/m",
+    "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake",
+    "--hicache-mem-layout", "page_head", "--hicache-write-policy", "write_back", "--hicache-ratio", "3",
+    "--hicache-storage-backend-extra-config", '{"extra_backend_tag": "blue", "tp_lcm_size": 4, "master_server_address": "127.0.0.1:50051"}',
+]  # fmt: skip
+SCHEDULER_INFO = {"status": "ready", "max_total_num_tokens": 20000, "max_req_input_len": 4096}
+TOKENS = ",".join(str(i) for i in range(100))
+
+BODY_0_5_14 = """
+import dataclasses
+from fastapi.encoders import jsonable_encoder
+from sglang.srt.server_args import prepare_server_args
+from sglang.version import __version__
+
+server_args = prepare_server_args(PAYLOAD["argv"])
+RESULT = jsonable_encoder({
+    **dataclasses.asdict(server_args),
+    **PAYLOAD["scheduler_info"],
+    "internal_states": [{}],
+    "version": __version__,
+    "kv_events": server_args.describe_kv_events_publisher(),
+})
+"""
+
+
+def body_0_5_23(argv: list[str]) -> dict:
+    from fastapi.encoders import jsonable_encoder
+    from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils.common import build_server_info
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+    from sglang.version import __version__
+
+    server_args = prepare_server_args(argv)
+    server_args.resolve_once()
+    scheduler_info = {**SCHEDULER_INFO, "startup_time": 1.0}
+    body = {**build_server_info(server_args, scheduler_info), "startup_time": 1.0, "internal_states": [{}],
+            "version": __version__, "frontend": "python"}  # fmt: skip
+    return jsonable_encoder(msgspec_to_builtins(redact_watermark_secrets(body)))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-model")
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))  # fmt: skip
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def bodies(model_dir):
+    """Each version's server-info body for LAUNCH, built by that version's own code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = ["--model-path", model_dir, "--device", "cpu", *LAUNCH]
+    return {
+        "0.5.14": run_0_5_14(BODY_0_5_14, {"argv": argv, "scheduler_info": SCHEDULER_INFO}),
+        "0.5.23": body_0_5_23(argv),
+    }
+
+
+class FakeRoutes(BaseHTTPRequestHandler):
+    """Answers GET with `server.routes[path]` = (status, content type, body bytes), else 404 HTML."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        status, kind, body = self.server.routes.get(self.path, (404, "text/html", b"<html>Not Found</html>"))
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class HttpServer:
+    """A real HTTP server on 127.0.0.1 in a thread, serving fixed routes."""
+
+    def __init__(self, routes: dict):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeRoutes)
+        self.httpd.routes = routes
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def json_route(body) -> tuple:
+    return 200, "application/json", json.dumps(body).encode()
+
+
+@pytest.fixture
+def serve_body():
+    """serve_body(body) -> URL of a loopback HTTP server answering both info routes with it."""
+    servers = []
+
+    def start(body, routes=("/server_info", "/get_server_info")):
+        server = HttpServer({route: json_route(body) for route in routes})
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def run_json(args: list[str]):
+    result = hicache([*args, "--json"])
+    return result, (json.loads(result.stdout) if result.stdout.strip() else None)
+
+
+# --- what the library reads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_interpret_reads_the_deployment(bodies, version):
+    info = interpret(bodies[version], "http://127.0.0.1:1", "/server_info")
+    assert (info.version, info.sglang_version) == (version, version)
+    assert info.page_size == 32 and info.model_name == "org/m"
+    assert (info.tp_size, info.storage_tp_size, info.pp_size, info.dcp_size) == (2, 2, 1, 1)
+    assert info.hierarchical_cache and info.storage_backend == "mooncake"
+    assert (info.mem_layout, info.write_policy, info.hicache_ratio) == ("page_head", "write_back", 3.0)
+    assert info.extra_config == {"extra_backend_tag": "blue", "tp_lcm_size": 4, "master_server_address": "127.0.0.1:50051"}
+    assert info.max_total_num_tokens == 20000
+    deployment = info.deployment()
+    assert deployment.version == version and deployment.layout == "page_head"
+    scheme = deployment.schemes()[0]
+    assert scheme.split_heads  # page_head with tp_lcm_size 4 over tp 2
+    assert scheme.prefix == ("blue_" if version == "0.5.14" else "blue_org-m_")
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_launch_flags_for_the_te_rule_parse_with_sglang_0_5_23(bodies, version, model_dir):
+    """The flags handed to `te check` are accepted by SGLang's own parser and give the same values."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    info = interpret(bodies[version], "http://127.0.0.1:1", "/server_info")
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", model_dir, *shlex.split(info.launch_flags)])
+    assert args.tp_size == 2 and args.enable_hierarchical_cache and args.hicache_storage_backend == "mooncake"
+    assert json.loads(args.hicache_storage_backend_extra_config)["tp_lcm_size"] == 4
+
+
+def test_dp_attention_storage_tp():
+    """With DP attention the store's tp is the attention-TP group (0.5.14 and 0.5.23 spellings)."""
+    base = {"version": "0.5.14", "model_path": "m", "page_size": 16, "tp_size": 8, "dp_size": 4}
+    assert interpret({**base, "enable_dp_attention": True}, "u", "/server_info").storage_tp_size == 2
+    assert interpret({**base, "enable_dp_attention": False}, "u", "/server_info").storage_tp_size == 8
+    newer = {**base, "version": "0.5.23", "attn_dp_size": 2, "attn_cp_size": 2, "enable_dp_attention": True}
+    assert interpret(newer, "u", "/server_info").storage_tp_size == 2
+
+
+def test_extra_config_file_on_the_server_host_is_a_note():
+    body = {"version": "0.5.23", "model_path": "m", "page_size": 16, "tp_size": 1,
+            "hicache_storage_backend_extra_config": "@/etc/sglang/mooncake.json"}  # fmt: skip
+    info = interpret(body, "u", "/server_info")
+    assert info.extra_config is None and "extra_backend_tag" not in info.values()
+    assert any("/etc/sglang/mooncake.json" in note for note in info.notes)
+
+
+def test_given_flags_win_and_disagreements_are_listed(bodies, serve_body):
+    url = serve_body(bodies["0.5.23"])
+    resolution = resolve_from_server(url, {"page_size": 64, "tp_size": 2}, timeout=5)
+    assert resolution.values["page_size"] == 64 and resolution.values["model_name"] == "org/m"
+    assert resolution.disagreements == [{"field": "page_size", "flag": 64, "server": 32}]
+
+
+def test_alias_route_is_used_when_server_info_is_missing(bodies, serve_body):
+    url = serve_body(bodies["0.5.14"], routes=("/get_server_info",))
+    assert resolve_from_server(url, {}, timeout=5).server.route == "/get_server_info"
+
+
+# --- the commands --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_inspect_keys_from_the_server_matches_the_same_flags(bodies, serve_body, version):
+    url = serve_body(bodies[version])
+    res, from_server = run_json(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", url])
+    assert res.exit_code == 0, res.output
+    res, from_flags = run_json([
+        "inspect", "keys", "--tokens", TOKENS, "--sglang-version", version, "--page-size", "32",
+        "--model-name", "org/m", "--extra-backend-tag", "blue", "--tp-size", "2", "--layout", "page_head",
+        "--tp-lcm-size", "4"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert from_server["page_size"] == 32 and len(from_server["pages"]) == 3
+    assert from_server["key_prefix"] == ("blue_" if version == "0.5.14" else "blue_org-m_")
+    assert from_server["server_disagreements"] == []
+    assert from_server["sglang_server"]["version"] == version
+    assert from_server["pages"] == from_flags["pages"]
+
+
+def test_inspect_keys_shows_a_disagreement(bodies, serve_body):
+    url = serve_body(bodies["0.5.23"])
+    res, data = run_json(["inspect", "keys", "--tokens", TOKENS, "--page-size", "64", "--sglang-url", url])
+    assert res.exit_code == 0, res.output
+    assert data["page_size"] == 64 and len(data["pages"]) == 1
+    assert data["server_disagreements"] == [{"field": "page_size", "flag": 64, "server": 32}]
+    human = hicache(["inspect", "keys", "--tokens", TOKENS, "--page-size", "64", "--sglang-url", url])
+    assert human.exit_code == 0
+    assert "warning: --page-size 64 disagrees with the SGLang server (32); using the flag." in human.stderr
+    assert "page size 64" in human.stdout
+
+
+def test_inspect_layout_from_the_server(bodies, serve_body):
+    url = serve_body(bodies["0.5.14"])
+    res, data = run_json(["inspect", "layout", "--preset", "qwen3-0.6b", "--sglang-url", url])
+    assert res.exit_code == 0, res.output
+    assert data["server_disagreements"] == []
+    assert data["layout"] == "page_head" and data["page_size"] == 32 and data["mooncake"]
+    assert (data["tp_size"], data["tp_lcm_size"], data["split_factor"]) == (2, 4, 2)
+    assert data["device_tokens"] == 20000 and data["hicache_ratio"] == 3.0
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_te_check_from_the_server_matches_the_launch_flags(bodies, serve_body, version):
+    url = serve_body(bodies[version])
+    res, from_server = run_json(["te", "check", "--sglang-url", url])
+    assert res.exit_code in (0, 1), res.output
+    flags = shlex.join(LAUNCH)
+    res2, from_flags = run_json(["te", "check", "--sglang-version", version, "--server-args", flags])
+    assert res2.exit_code == res.exit_code, res2.output
+    assert from_server["sglang_version"] == version
+    assert from_server["conditions"] == from_flags["conditions"] and from_server["ranks"] == from_flags["ranks"]
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+def test_unreachable_url_exits_3_within_the_timeout():
+    url = f"http://127.0.0.1:{free_port()}"
+    res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", url])
+    assert res.exit_code == 3
+    assert res.stderr.splitlines()[0] == f"error: no SGLang server answers at {url} (ConnectError)."
+
+
+def test_silent_server_exits_3_within_the_timeout():
+    with socket.socket() as listener:  # accepts connections (backlog) and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        start = time.monotonic()
+        res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", url, "--sglang-timeout", "0.5"])
+        waited = time.monotonic() - start
+    assert res.exit_code == 3, res.output
+    assert "did not answer /server_info within 0.5 s" in res.stderr
+    assert waited < 30  # bounded by --sglang-timeout, not a hang
+
+
+@pytest.mark.parametrize(
+    "routes, message",
+    [
+        ({}, "is not an SGLang server: /server_info HTTP 404, /get_server_info HTTP 404."),
+        ({"/server_info": (200, "text/html", b"<html>hi</html>")}, "answered with text/html, not JSON"),
+        ({"/server_info": json_route({"status": "ok"})}, "answered JSON without SGLang's server arguments"),
+    ],
+)
+def test_not_an_sglang_server_exits_2_with_one_sentence(routes, message):
+    server = HttpServer(routes)
+    try:
+        res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", server.url])
+        res_json, data = run_json(["te", "check", "--sglang-url", server.url])
+    finally:
+        server.stop()
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.output
+    assert res_json.exit_code == 2 and message in data["error"]["message"]
+
+
+def test_unknown_server_version_needs_the_flag(bodies, serve_body):
+    url = serve_body({**bodies["0.5.23"], "version": "0.4.9"})
+    res = hicache(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", url])
+    assert res.exit_code == 2 and "runs SGLang 0.4.9, whose key rules this toolkit does not know" in res.stderr
+    res, data = run_json(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", url, "--sglang-version", "0.5.23"])
+    assert res.exit_code == 0, res.output
+    assert data["sglang_version"] == "0.5.23" and data["page_size"] == 32
+
+
+def test_bad_url_and_timeout_are_input_errors():
+    res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", "127.0.0.1:30000"])
+    assert res.exit_code == 2 and "must start with http:// or https://" in res.stderr
+    with pytest.raises(InputError, match="must be positive"):
+        resolve_from_server("http://127.0.0.1:1", {}, timeout=0)
