@@ -9,6 +9,7 @@ from rich.markdown import Markdown
 
 from .options import JsonOption
 from .output import emit, reporting, stderr, stdout
+from .sglang_url import sglang_url_option
 
 app = typer.Typer(help="On-call playbooks: a symptom, ordered checks, and the diagnosis at the first finding.", no_args_is_help=True)
 
@@ -44,6 +45,7 @@ def show(name: Annotated[str, typer.Argument(help="Playbook name (see `hicache p
 
 
 @app.command("run")
+@sglang_url_option("server_args")
 def run(
     name: Annotated[str, typer.Argument(help="Playbook name (see `hicache playbook list`).")],
     serve: Annotated[str | None, typer.Option("--serve", help="The hicache serve instance to examine (URL).", show_default=False)] = None,

@@ -25,6 +25,7 @@ from ..options import (
     TokensOption,
 )
 from ..output import native_stderr_to_file, reporting, stderr, stdout
+from ..sglang_url import sglang_url_option
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
 
@@ -169,5 +170,7 @@ def _command(kind: str):
 
 
 write = _command("write")
-read = _command("read")
+# The embedded engine reproduces the server's key path and policies (its geometry stays --preset).
+read = sglang_url_option("sglang_version", "page_size", "tp_size", "model_name", "extra_backend_tag", "write_policy",
+                         "prefetch_threshold", "layout", prefetch_policy="stop_policy")(_command("read"))
 

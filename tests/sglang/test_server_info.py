@@ -263,6 +263,29 @@ def test_te_check_from_the_server_matches_the_launch_flags(bodies, serve_body, v
     assert from_server["conditions"] == from_flags["conditions"] and from_server["ranks"] == from_flags["ranks"]
 
 
+def test_trace_read_reproduces_the_server_and_a_given_policy_wins(bodies, serve_body):
+    url = serve_body(bodies["0.5.23"])
+    tokens = ",".join(str(i) for i in range(300))
+    res = hicache(["trace", "read", "--tokens", tokens, "--sglang-url", url, "--hicache-write-policy", "write_through",
+                   "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    steps = [json.loads(line) for line in res.stdout.splitlines()]
+    reader = steps[0]["detail"]["reader"]
+    assert (reader["sglang_version"], reader["tp_size"], reader["model_name"]) == ("0.5.23", 2, "org/m")
+    assert (reader["layout"], reader["stop_policy"], reader["write_policy"]) == ("page_head", "timeout", "write_through")
+    assert steps[-1]["status"] == "PASS" and steps[-1]["detail"]["storage_hit"] == 288  # nine pages of 32
+    assert "--hicache-write-policy write_through disagrees with the SGLang server (write_back)" in res.stderr
+
+
+def test_playbook_run_takes_the_launch_flags_from_the_server(bodies, serve_body):
+    url = serve_body(bodies["0.5.23"])
+    res, data = run_json(["playbook", "run", "te-not-reused", "--sglang-url", url])
+    assert res.exit_code == 1, res.output  # no device names in this deployment: not reused
+    first = data["checks"][0]
+    assert first["status"] == "finding" and "--tp-size 2" in first["command"]
+    assert "tp_lcm_size" in first["command"] and data["server_disagreements"] == []
+
+
 # --- failures ------------------------------------------------------------------------------------
 
 
