@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import InputError, UnreachableError
 from .keys import Deployment
+from .launch import LaunchArgs
 from .versions import SUPPORTED_VERSIONS, V0_5_23
 
 # docs/server-info.md#routes: prefer the current route; the alias exists in both versions.
@@ -255,25 +256,19 @@ def _extra_config(source: Any) -> tuple[dict | None, list[str]]:
     return parsed, []
 
 
-# The server arguments the shared Transfer Engine rule reads (docs/transfer-engine.md#reuse-rule); the
-# deprecated enable_dp_attention is derived from attn_dp_size in 0.5.23, so only 0.5.14 sends it.
-TE_RULE_FIELDS = (
-    "enable_hierarchical_cache", "hicache_storage_backend", "hicache_storage_backend_extra_config",
-    "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_ib_device", "mooncake_ib_device",
-    "encoder_only", "language_only", "encoder_transfer_backend", "elastic_ep_backend",
-    "enable_elastic_expert_backup", "tp_size", "pp_size", "dp_size", "attn_dp_size", "attn_cp_size",
-    "enable_dp_attention", "base_gpu_id", "gpu_id_step", "nnodes", "node_rank",
-)
+# Bookkeeping fields of LaunchArgs, not server arguments.
+_LAUNCH_BOOKKEEPING = ("given", "warnings")
 
 
 def launch_flags(body: dict, version: str | None) -> str:
-    """Launch flags equivalent to the resolved values the Transfer Engine rule reads.
+    """Launch flags equivalent to the resolved values the launch-flag parser reads (docs/launch.md).
 
     A value SGLang resolved is passed as the flag that would set it; false switches and unset
-    values are left out, as is an extra-config that names a file on the server host.
+    values are left out, as is an extra-config that names a file on the server host. 0.5.23
+    derives the deprecated enable_dp_attention from attn_dp_size, so only 0.5.14 sends it.
     """
     argv: list[str] = []
-    for name in TE_RULE_FIELDS:
+    for name in (f.name for f in fields(LaunchArgs) if f.name not in _LAUNCH_BOOKKEEPING):
         value = body.get(name)
         if value is None or value is False or (name == "enable_dp_attention" and version == V0_5_23):
             continue
