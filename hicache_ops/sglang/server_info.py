@@ -313,6 +313,11 @@ def interpret(body: dict, url: str, route: str, l3_layout: dict | None = None) -
     page_size = body["page_size"]
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise InputError(f"the server at {url} reports page_size {page_size!r}, not a positive integer.")
+    if scheme == V0_5_23 and _int(body, "dcp_size", 1) > 1:
+        notes.append(
+            f"DCP size {body['dcp_size']}: SGLang 0.5.23 adds a topology part to the key prefix and DCP ranks "
+            "to MLA suffixes (docs/keys.md#dcp), which the derived key scheme leaves out."
+        )
     extra_source = body.get("hicache_storage_backend_extra_config")
     extra, extra_notes = _extra_config(extra_source)
     notes += extra_notes

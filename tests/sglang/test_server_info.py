@@ -189,6 +189,13 @@ def test_dp_attention_storage_tp():
     assert interpret(newer, "u", "/server_info").storage_tp_size == 2
 
 
+def test_dcp_is_reported_as_a_part_the_scheme_leaves_out():
+    body = {"version": "0.5.23", "model_path": "m", "page_size": 64, "tp_size": 8, "dcp_size": 4}
+    info = interpret(body, "u", "/server_info")
+    assert info.values()["dcp_size"] == 4 and any("docs/keys.md#dcp" in note for note in info.notes)
+    assert not interpret({**body, "dcp_size": 1}, "u", "/server_info").notes
+
+
 def test_extra_config_file_on_the_server_host_is_a_note():
     body = {"version": "0.5.23", "model_path": "m", "page_size": 16, "tp_size": 1,
             "hicache_storage_backend_extra_config": "@/etc/sglang/mooncake.json"}  # fmt: skip
@@ -284,6 +291,30 @@ def test_playbook_run_takes_the_launch_flags_from_the_server(bodies, serve_body)
     first = data["checks"][0]
     assert first["status"] == "finding" and "--tp-size 2" in first["command"]
     assert "tp_lcm_size" in first["command"] and data["server_disagreements"] == []
+
+
+def l3_layout(key_prefix: str) -> dict:
+    """A 0.5.23 /get_hicache_l3_cache_layout reply for an MLA pool (docs/side-pools.md#l3-layout-endpoint)."""
+    pools = [{"pool": "kv", "suffixes": ["__k"], "hit_policy": "all_pages"}]
+    inner = {"pools": pools, "key_prefix": key_prefix, "is_mla_backend": True, "pp_rank": 0, "pp_size": 1}
+    return {"enabled": True, "backend": "mooncake", "page_size": 32, "hicache_object_layout": inner}
+
+
+def test_l3_layout_route_tells_mla_and_checks_the_key_prefix(bodies):
+    body = {**bodies["0.5.23"], "hicache_mem_layout": "page_first"}
+    assert "hicache_object_layout" not in body  # the scheduler's copy is absent: the route is asked
+    server = HttpServer({"/server_info": json_route(body), "/get_hicache_l3_cache_layout": json_route(l3_layout("blue_org-m"))})
+    try:
+        res, data = run_json(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", server.url])
+        server.httpd.routes["/get_hicache_l3_cache_layout"] = json_route(l3_layout("blue_org-m_tp8"))
+        other = hicache(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", server.url])
+    finally:
+        server.stop()
+    assert res.exit_code == 0, res.output
+    assert [p["object_keys"] for p in data["pages"]] == [[f"blue_org-m_{p['page_key']}__k"] for p in data["pages"]]
+    assert "--mla" in res.stderr and "key prefix" not in res.stderr
+    assert other.exit_code == 0
+    assert "note: the server's L3 layout names key prefix 'blue_org-m_tp8'; its arguments give 'blue_org-m'." in other.stderr
 
 
 # --- failures ------------------------------------------------------------------------------------
