@@ -26,7 +26,7 @@ L3_LAYOUT_ROUTE = "/get_hicache_l3_cache_layout"
 # Fields every SGLang server-info body has in both versions; their absence means another server.
 REQUIRED_FIELDS = ("version", "model_path", "page_size", "tp_size")
 DEFAULT_TIMEOUT_S = 5.0
-# SGLang's default when the extra-config has no prefetch_threshold (docs/server-info.md#reading-a-deployment).
+# SGLang's default when the extra-config has no prefetch_threshold (docs/server-info.md#toolkit-use).
 DEFAULT_PREFETCH_THRESHOLD = 256
 
 
@@ -285,7 +285,7 @@ def _int(body: dict, name: str, default: int) -> int:
 
 
 def _storage_tp_size(body: dict) -> int:
-    """Attention TP with DP attention, else the whole TP (docs/server-info.md#reading-a-deployment).
+    """Attention TP with DP attention, else the whole TP (docs/server-info.md#storage-tp).
 
     0.5.23 reports the attention-DP width as `attn_dp_size`; 0.5.14 has `dp_size` with the
     `enable_dp_attention` switch. The storage backend's tp is the attention-TP group then.
