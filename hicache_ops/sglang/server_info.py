@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import InputError, UnreachableError
@@ -56,7 +56,6 @@ class ServerInfo:
     hicache_ratio: float | None
     hicache_size_gb: int | None
     storage_backend: str | None
-    extra_config_source: str | None
     extra_config: dict | None
     max_total_num_tokens: int | None
     l3_layout: dict | None
@@ -78,12 +77,13 @@ class ServerInfo:
     def values(self) -> dict[str, Any]:
         """The toolkit's option values this server determines; unknown ones are left out."""
         extra = self.extra_config or {}
+        tag = extra.get("extra_backend_tag")
         out: dict[str, Any] = {
             "sglang_version": self.sglang_version,
             "page_size": self.page_size,
             "model_name": self.model_name,
-            "extra_backend_tag": extra.get("extra_backend_tag"),
-            "tp_lcm_size": extra.get("tp_lcm_size"),
+            "extra_backend_tag": None if tag is None else str(tag),
+            "tp_lcm_size": _positive_int(extra.get("tp_lcm_size")),
             "tp_size": self.storage_tp_size,
             "pp_size": self.pp_size,
             "dcp_size": self.dcp_size,
@@ -100,7 +100,7 @@ class ServerInfo:
             "server_args": self.launch_flags or None,
         }
         if self.extra_config is not None or self.storage_backend:
-            out["prefetch_threshold"] = extra.get("prefetch_threshold", DEFAULT_PREFETCH_THRESHOLD)
+            out["prefetch_threshold"] = _positive_int(extra.get("prefetch_threshold", DEFAULT_PREFETCH_THRESHOLD))
         return {name: value for name, value in out.items() if value is not None}
 
     def deployment(self, **given: Any) -> Deployment:
@@ -118,13 +118,6 @@ class ServerInfo:
             layout=values.get("layout", "page_first"),
             tp_lcm_size=values.get("tp_lcm_size"),
         )
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["notes"] = list(self.notes)
-        data["values"] = self.values()
-        return data
-
 
 @dataclass
 class Resolution:
@@ -279,9 +272,13 @@ def launch_flags(body: dict, version: str | None) -> str:
     return shlex.join(argv)
 
 
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _int(body: dict, name: str, default: int) -> int:
-    value = body.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    value = _positive_int(body.get(name))
+    return default if value is None else value
 
 
 def _storage_tp_size(body: dict) -> int:
@@ -318,6 +315,8 @@ def interpret(body: dict, url: str, route: str, l3_layout: dict | None = None) -
             f"DCP size {body['dcp_size']}: SGLang 0.5.23 adds a topology part to the key prefix and DCP ranks "
             "to MLA suffixes (docs/keys.md#dcp), which the derived key scheme leaves out."
         )
+    if not body.get("enable_hierarchical_cache"):
+        notes.append("the server runs without HiCache (enable_hierarchical_cache is false): it writes nothing to L3.")
     extra_source = body.get("hicache_storage_backend_extra_config")
     extra, extra_notes = _extra_config(extra_source)
     notes += extra_notes
@@ -350,9 +349,8 @@ def interpret(body: dict, url: str, route: str, l3_layout: dict | None = None) -
         hicache_ratio=float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else None,
         hicache_size_gb=size if isinstance(size, int) and not isinstance(size, bool) else None,
         storage_backend=body.get("hicache_storage_backend") or None,
-        extra_config_source=extra_source if isinstance(extra_source, str) else None,
         extra_config=extra,
-        max_total_num_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
+        max_total_num_tokens=_positive_int(max_tokens),
         l3_layout=layout,
         launch_flags=launch_flags(body, scheme),
         notes=tuple(notes),

@@ -190,7 +190,8 @@ def test_dp_attention_storage_tp():
 
 
 def test_dcp_is_reported_as_a_part_the_scheme_leaves_out():
-    body = {"version": "0.5.23", "model_path": "m", "page_size": 64, "tp_size": 8, "dcp_size": 4}
+    body = {"version": "0.5.23", "model_path": "m", "page_size": 64, "tp_size": 8, "dcp_size": 4,
+            "enable_hierarchical_cache": True}
     info = interpret(body, "u", "/server_info")
     assert info.values()["dcp_size"] == 4 and any("docs/keys.md#dcp" in note for note in info.notes)
     assert not interpret({**body, "dcp_size": 1}, "u", "/server_info").notes
@@ -202,6 +203,17 @@ def test_extra_config_file_on_the_server_host_is_a_note():
     info = interpret(body, "u", "/server_info")
     assert info.extra_config is None and "extra_backend_tag" not in info.values()
     assert any("/etc/sglang/mooncake.json" in note for note in info.notes)
+
+
+def test_extra_config_values_are_typed_and_hicache_off_is_noted():
+    extra = json.dumps({"extra_backend_tag": 7, "tp_lcm_size": "4", "prefetch_threshold": 64})
+    body = {"version": "0.5.14", "model_path": "m", "page_size": 16, "tp_size": 2,
+            "hicache_storage_backend_extra_config": extra}  # fmt: skip
+    info = interpret(body, "u", "/server_info")
+    values = info.values()
+    assert values["extra_backend_tag"] == "7" and "tp_lcm_size" not in values and values["prefetch_threshold"] == 64
+    assert info.deployment().schemes()[0].prefix == "7_"
+    assert any("without HiCache" in note for note in info.notes)
 
 
 def test_given_flags_win_and_disagreements_are_listed(bodies, serve_body):
