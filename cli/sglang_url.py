@@ -26,6 +26,15 @@ SglangUrlOption = Annotated[
         show_default=False,
     ),
 ]
+SglangCompareUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sglang-url",
+        metavar="URL",
+        help="A running SGLang server: report where the serve instance's configuration differs from it.",
+        show_default=False,
+    ),
+]
 SglangTimeoutOption = Annotated[
     float, typer.Option("--sglang-timeout", metavar="SECONDS", help="With --sglang-url: seconds to wait for the server.")
 ]
@@ -61,6 +70,16 @@ def _report(ctx: typer.Context, resolution, params_for: dict[str, str], applied:
         )
     for note in server.notes:
         stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def warn_serve_disagreements(disagreements: list[dict]) -> None:
+    """One warning line per field where a serve instance does not mirror the SGLang server."""
+    for item in disagreements:
+        stderr.print(
+            f"[bold yellow]warning:[/] serve {item['field']} {item['serve']} differs from the SGLang server's "
+            f"{item['server']}; the verdicts describe the serve.",
+            highlight=False,
+        )
 
 
 def sglang_url_option(*fields: str, **renamed: str) -> Callable:

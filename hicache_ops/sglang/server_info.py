@@ -26,8 +26,22 @@ L3_LAYOUT_ROUTE = "/get_hicache_l3_cache_layout"
 # Fields every SGLang server-info body has in both versions; their absence means another server.
 REQUIRED_FIELDS = ("version", "model_path", "page_size", "tp_size")
 DEFAULT_TIMEOUT_S = 5.0
-# SGLang's default when the extra-config has no prefetch_threshold (docs/server-info.md#toolkit-use).
-DEFAULT_PREFETCH_THRESHOLD = 256
+# SGLang's defaults for the prefetch keys the controller takes out of the extra-config
+# (docs/server-info.md#toolkit-use).
+EXTRA_CONFIG_DEFAULTS = {"prefetch_threshold": 256, "prefetch_timeout_base": 1, "prefetch_timeout_per_ki_token": 0.25}
+# A `hicache serve` instance's configuration field (path in /v1/stats "config") for each server value.
+SERVE_CONFIG_FIELDS = {
+    "sglang_version": ("sglang_version",),
+    "page_size": ("page_size",),
+    "tp_size": ("tp_size",),
+    "key_prefix": ("key_prefix",),
+    "layout": ("host_layout",),
+    "write_policy": ("write_policy",),
+    "prefetch_policy": ("stop_policy",),
+    "prefetch_threshold": ("prefetch_threshold",),
+    "prefetch_timeout_base": ("timeout_budget", "base"),
+    "prefetch_timeout_per_ki_token": ("timeout_budget", "per_ki_token"),
+}
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,9 @@ class ServerInfo:
             "server_args": self.launch_flags or None,
         }
         if self.extra_config is not None or self.storage_backend:
-            out["prefetch_threshold"] = _positive_int(extra.get("prefetch_threshold", DEFAULT_PREFETCH_THRESHOLD))
+            for name, default in EXTRA_CONFIG_DEFAULTS.items():
+                value = extra.get(name, default)
+                out[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
         return {name: value for name, value in out.items() if value is not None}
 
     def deployment(self, **given: Any) -> Deployment:
@@ -404,6 +420,28 @@ def resolve_from_server(url: str, given: dict[str, Any], *, timeout: float = DEF
         if name in served and not _same(value, served[name])
     ]
     return Resolution(server=info, values={**served, **given}, disagreements=disagreements)
+
+
+def serve_disagreements(serve_config: dict, info: ServerInfo) -> list[dict]:
+    """Where a `hicache serve` instance does not mirror the SGLang server: `[{field, serve, server}]`.
+
+    Its prefetch verdicts describe its own configuration; each difference says how far they
+    carry over to the server.
+    """
+    served = info.values()
+    if "sglang_version" in served:
+        try:
+            served["key_prefix"] = info.deployment().schemes()[0].prefix
+        except InputError:
+            pass
+    out = []
+    for name, path in SERVE_CONFIG_FIELDS.items():
+        value: Any = serve_config
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if name in served and value is not None and not _same(value, served[name]):
+            out.append({"field": name, "serve": value, "server": served[name]})
+    return out
 
 
 def _same(flag: Any, server: Any) -> bool:

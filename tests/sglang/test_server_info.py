@@ -329,6 +329,28 @@ def test_l3_layout_route_tells_mla_and_checks_the_key_prefix(bodies):
     assert "note: the server's L3 layout names key prefix 'blue_org-m_tp8'; its arguments give 'blue_org-m'." in other.stderr
 
 
+def test_prefetch_lists_where_the_serve_does_not_mirror_the_server(bodies, serve_body, tmp_path):
+    from serve_process import Serve
+
+    url = serve_body(bodies["0.5.23"])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"input_ids": list(range(100))}) + "\n")
+    serve = Serve(tmp_path / "serve", "--device-tokens", "1024", "--page-size", "32", "--prefetch-threshold", "64")
+    try:
+        res, data = run_json(["prefetch", str(prompts), "--serve", serve.url, "--sglang-url", url])
+        human = hicache(["prefetch", str(prompts), "--serve", serve.url, "--sglang-url", url])
+    finally:
+        serve.stop()
+    assert res.exit_code == 0, res.output
+    found = {d["field"]: (d["serve"], d["server"]) for d in data["server_disagreements"]}
+    assert "page_size" not in found and "sglang_version" not in found
+    assert found["prefetch_threshold"] == (64, 256) and found["tp_size"] == (1, 2)
+    assert found["key_prefix"] == ("hicache-tiny_", "blue_org-m_") and found["layout"] == ("page_first", "page_head")
+    assert found["write_policy"][1] == "write_back"
+    assert human.exit_code == 0
+    assert "warning: serve prefetch_threshold 64 differs from the SGLang server's 256" in human.stderr
+
+
 # --- failures ------------------------------------------------------------------------------------
 
 
