@@ -24,7 +24,7 @@ from ..options import (
     TokensFileOption,
     TokensOption,
 )
-from ..output import native_stderr_to_file, reporting, stderr, stdout
+from ..output import JSON_EXTRAS, native_stderr_to_file, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
@@ -64,6 +64,8 @@ def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
     if json_output:
         record = {k: step[k] for k in ("step", "name", "status", "detail", "elapsed_ms")}
         record.update(summary=step["summary"], causes=step["causes"])
+        record.update(JSON_EXTRAS.get())  # --sglang-url's fields, on the first record only
+        JSON_EXTRAS.set({})
         sys.stdout.write(json.dumps(record, default=str) + "\n")
         sys.stdout.flush()
     else:

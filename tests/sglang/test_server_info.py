@@ -294,6 +294,8 @@ def test_trace_read_reproduces_the_server_and_a_given_policy_wins(bodies, serve_
     assert (reader["layout"], reader["stop_policy"], reader["write_policy"]) == ("page_head", "timeout", "write_through")
     assert steps[-1]["status"] == "PASS" and steps[-1]["detail"]["storage_hit"] == 288  # nine pages of 32
     assert "--hicache-write-policy write_through disagrees with the SGLang server (write_back)" in res.stderr
+    assert steps[0]["server_disagreements"] == [{"field": "write_policy", "flag": "write_through", "server": "write_back"}]
+    assert all("server_disagreements" not in s for s in steps[1:])
 
 
 def test_playbook_run_takes_the_launch_flags_from_the_server(bodies, serve_body):
