@@ -93,6 +93,9 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
         params = list(signature.parameters.values())
+        unknown = set(params_for.values()) - {p.name for p in params}
+        if unknown:
+            raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(unknown))}")
         at = next((i for i, p in enumerate(params) if p.name == "json_output"), len(params))
         added = [
             inspect.Parameter("sglang_url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SglangUrlOption),
