@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hicache_ops.sglang import keys as keys_mod
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.keys import ObjectKeyScheme, namespace_seed, page_keys
+from hicache_ops.sglang.keys import Deployment, ObjectKeyScheme, dcp_topology, namespace_seed, page_keys
 
 # Computed with SGLang 0.5.23's own functions (shared/refs), kept here so the test always runs.
 REFS = json.loads((Path(__file__).parents[1] / "data" / "sglang_public_refs.json").read_text())
@@ -203,6 +203,14 @@ PK = "ab" * 32
         ),
         (dict(version="0.5.14", model_name="Qwen/Qwen3-0.6B"), [f"{PK}_0_k", f"{PK}_0_v"]),
         (dict(version="0.5.14", extra_backend_tag="blue"), [f"blue_{PK}_0_k", f"blue_{PK}_0_v"]),
+        (
+            dict(version="0.5.23", model_name="deepseek-ai/DeepSeek-V3", mla=True, tp_size=8, tp_rank=3, dcp_size=4, page_size=64),
+            [f"deepseek-ai-DeepSeek-V3_tp8_dcp4_page64_pp1_cp1_{PK}_dcp3_cp0_k"],
+        ),
+        (
+            dict(version="0.5.23", mla=True, tp_size=4, tp_rank=1, dcp_size=2, page_size=32, pp_size=2, pp_rank=1),
+            [f"tp4_dcp2_page32_pp2_cp1_{PK}_dcp1_cp0_1_k"],
+        ),
     ],
 )
 def test_object_keys(kwargs, expected):
@@ -213,6 +221,41 @@ def test_mla_only_rank_zero_writes():
     assert ObjectKeyScheme("0.5.23", mla=True, tp_size=2, tp_rank=0).writes
     assert not ObjectKeyScheme("0.5.23", mla=True, tp_size=2, tp_rank=1).writes
     assert ObjectKeyScheme("0.5.23", tp_size=2, tp_rank=1).writes
+
+
+def test_dcp_writers_are_the_first_dcp_group():
+    writers = [ObjectKeyScheme("0.5.23", mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=64).writes for r in range(8)]
+    assert writers == [True] * 4 + [False] * 4
+    assert [ObjectKeyScheme("0.5.14", mla=True, tp_size=2, tp_rank=r).writes for r in range(2)] == [True, False]
+    dep = Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, page_size=64)
+    assert [s.tp_rank for s in dep.schemes()] == [0, 1, 2, 3]
+    assert [s.tp_rank for s in Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, dcp_rank=2, page_size=64).schemes()] == [2]
+    with pytest.raises(InputError, match="DCP shard 1, not 2"):
+        Deployment("0.5.23", mla=True, tp_size=8, tp_rank=5, dcp_size=4, dcp_rank=2, page_size=64).schemes()
+    with pytest.raises(InputError, match="tp ranks 0..3"):
+        Deployment("0.5.23", mla=True, tp_size=8, tp_rank=5, dcp_size=4, page_size=64).schemes()
+
+
+def test_dcp_prefix_round_trips():
+    scheme = ObjectKeyScheme("0.5.23", model_name="m", mla=True, tp_size=4, dcp_size=2, page_size=32)
+    assert dcp_topology(scheme.prefix) == {"tp_size": 4, "dcp_size": 2, "page_size": 32, "pp_size": 1, "attn_cp_size": 1}
+    assert dcp_topology("m_") is None and dcp_topology("") is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(version="0.5.14", mla=True, tp_size=2, dcp_size=2, page_size=16), "0.5.14 has no DCP"),
+        (dict(version="0.5.23", tp_size=2, dcp_size=2, page_size=16), "needs an MLA model"),
+        (dict(version="0.5.23", mla=True, tp_size=3, dcp_size=2, page_size=16), "not a multiple of dcp-size"),
+        (dict(version="0.5.23", mla=True, tp_size=2, dcp_size=2, page_size=15), "DCP-aligned"),
+        (dict(version="0.5.23", mla=True, tp_size=2, dcp_size=2), "DCP-aligned"),
+        (dict(version="0.5.23", mla=True, dcp_size=0), "must be >= 1"),
+    ],
+)
+def test_dcp_rules_are_sglangs(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        ObjectKeyScheme(**kwargs)
 
 
 @pytest.mark.parametrize(
