@@ -8,6 +8,10 @@ unprefixed keys, and 0.5.23 DCP (`{model}_tp4_dcp2_page16_pp1_cp1_` + `_dcp{d}_c
 0.5.23 runs in this process; 0.5.14 runs in a child process (tests/sglang_0_5_14.py) that stays
 alive while its objects are checked, since they live in its segment. Host pools are SGLang's
 own, on the CPU with pin_memory=False; page keys are SGLang's own.
+
+Then the key builder on hypothesis-drawn single ranks (MHA/MLA, tp/pp sizes and ranks, page_head
+with tp_lcm_size, tag, model name, 0.5.23 DCP): the names SGLang's MooncakeStore puts
+(`_tag_keys` + `_batch_preprocess`, as `batch_set_v1` composes them) against ObjectKeyScheme.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ import warnings
 from array import array
 from dataclasses import dataclass
 
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
 from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.sglang.keys import ObjectKeyScheme
 from cli_runner import hicache
-from sglang_0_5_14 import held_0_5_14
+from sglang_0_5_14 import held_0_5_14, run_0_5_14
 
 PAGE = 16
 PAGES = 4
 RANK_SEGMENT = 16 << 20  # the least a client may mount
+HEADS_PER_RANK = 4  # split by 2 or 4 under page_head
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,8 @@ def shape_payload(version: str, master) -> list[dict]:
 # --- SGLang 0.5.23, in this process -----------------------------------------------------------
 
 
-def write_0_5_23(case: dict) -> tuple[dict, list]:
+def sglang_0_5_23_store(case: dict, tp_rank: int, pp_rank: int):
+    """SGLang 0.5.23's MooncakeStore for one rank, over its own CPU host pool, as its controller builds it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import torch
@@ -97,44 +107,55 @@ def write_0_5_23(case: dict) -> tuple[dict, list]:
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
         from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
         from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
-        from sglang.srt.mem_cache.radix_cache import RadixKey
         from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
-        from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    common = dict(device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
+    dcp_rank = tp_rank % case["dcp"]
+    if case["mla"]:
+        device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                  layer_num=2, **common)
+        host = MLATokenToKVPoolHost(
+            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
+            device="cpu", dcp_size=case["dcp"], dcp_rank=dcp_rank, device_capacity_tokens=device.size,
+            start_layer=0, end_layer=2, target_layer_num=2, override_kv_cache_dim=device.kv_cache_dim,
+        )
+    else:
+        device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=HEADS_PER_RANK, head_dim=8,
+                                  layer_num=2, **common)
+        host = MHATokenToKVPoolHost(
+            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
+            device="cpu", device_capacity_tokens=device.size, start_layer=0, end_layer=2,
+        )
+    config = HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=case["tp"], pp_rank=pp_rank, pp_size=case["pp"], attn_cp_rank=0,
+        attn_cp_size=1, is_mla_model=case["mla"], enable_storage_metrics=False,
+        is_page_first_layout=case["layout"] == "page_first", model_name=case["model"],
+        tp_lcm_size=case["tp_lcm"], should_split_heads=split_heads(case),
+        extra_config=dict(case["extra"]), dcp_size=case["dcp"], dcp_rank=dcp_rank,
+        logical_page_size=PAGE if case["dcp"] > 1 else None,
+    )
+    store = MooncakeStore(config, host)
+    store.register_mem_pool_host(host)
+    host.kv_buffer.view(torch.uint8).random_(0, 255)
+    return store, config
+
+
+def split_heads(case: dict) -> bool:
+    """should_split_heads as SGLang's controller sets it (_generate_storage_config, both versions)."""
+    return bool(case["tp_lcm"]) and not case["mla"] and case["layout"] == "page_head" and case["tp_lcm"] > case["tp"]
+
+
+def write_0_5_23(case: dict) -> tuple[dict, list]:
+    import torch
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     tokens = case["tokens"][: PAGES * PAGE]
     keys = list(get_storage_hash_str(RadixKey(array("q", tokens)), None, page_size=PAGE))
-    stores, writers, exists = [], [], []
-    heads = 2 * case["tp"]
+    stores, writers = [], []
     for pp_rank in range(case["pp"]):
         for tp_rank in range(case["tp"]):
-            common = dict(device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
-            if case["mla"]:
-                device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
-                                          layer_num=2, **common)
-                host = MLATokenToKVPoolHost(
-                    device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
-                    device="cpu", dcp_size=case["dcp"], dcp_rank=tp_rank % case["dcp"],
-                    device_capacity_tokens=device.size, start_layer=0, end_layer=2, target_layer_num=2,
-                    override_kv_cache_dim=device.kv_cache_dim,
-                )
-            else:
-                device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=heads // case["tp"],
-                                          head_dim=8, layer_num=2, **common)
-                host = MHATokenToKVPoolHost(
-                    device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
-                    device="cpu", device_capacity_tokens=device.size, start_layer=0, end_layer=2,
-                )
-            config = HiCacheStorageConfig(
-                tp_rank=tp_rank, tp_size=case["tp"], pp_rank=pp_rank, pp_size=case["pp"], attn_cp_rank=0,
-                attn_cp_size=1, is_mla_model=case["mla"], enable_storage_metrics=False,
-                is_page_first_layout=case["layout"] == "page_first", model_name=case["model"],
-                tp_lcm_size=case["tp_lcm"], should_split_heads=case["tp_lcm"] is not None and not case["mla"],
-                extra_config=dict(case["extra"]), dcp_size=case["dcp"], dcp_rank=tp_rank % case["dcp"],
-                logical_page_size=PAGE if case["dcp"] > 1 else None,
-            )
-            store = MooncakeStore(config, host)
-            store.register_mem_pool_host(host)
-            host.kv_buffer.view(torch.uint8).random_(0, 255)
+            store, config = sglang_0_5_23_store(case, tp_rank, pp_rank)
             stores.append(store)
             if config.is_storage_writer:  # SGLang's own writer rule
                 writers.append([tp_rank, pp_rank])
@@ -145,7 +166,7 @@ def write_0_5_23(case: dict) -> tuple[dict, list]:
 
 # --- SGLang 0.5.14, in a child process --------------------------------------------------------
 
-WRITE_0_5_14 = """
+BUILD_0_5_14 = """
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
@@ -153,7 +174,32 @@ from sglang.srt.mem_cache.memory_pool_host import MHATokenToKVPoolHost, MLAToken
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 from sglang.srt.mem_cache.utils import get_hash_str
 
-PAGE, PAGES = PAYLOAD["page"], PAYLOAD["pages"]
+PAGE, PAGES, HEADS_PER_RANK = PAYLOAD["page"], PAYLOAD["pages"], PAYLOAD["heads_per_rank"]
+
+
+def make_store(case, tp_rank, pp_rank):
+    common = dict(device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
+    if case["mla"]:
+        device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                  layer_num=2, **common)
+        host = MLATokenToKVPoolHost(device, 2.0, 0, PAGE, case["layout"], pin_memory=False, device="cpu")
+    else:
+        device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=HEADS_PER_RANK, head_dim=8,
+                                  layer_num=2, **common)
+        host = MHATokenToKVPoolHost(device, 2.0, 0, PAGE, case["layout"], pin_memory=False, device="cpu")
+    config = HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=case["tp"], pp_rank=pp_rank, pp_size=case["pp"], attn_cp_rank=0,
+        attn_cp_size=1, is_mla_model=case["mla"], enable_storage_metrics=False,
+        is_page_first_layout=case["layout"] == "page_first", model_name=case["model"],
+        tp_lcm_size=case["tp_lcm"], should_split_heads=case["split_heads"], extra_config=dict(case["extra"]),
+    )
+    store = MooncakeStore(config, host)
+    store.register_mem_pool_host(host)
+    host.kv_buffer.view(torch.uint8).random_(0, 255)
+    return store, config
+"""
+
+WRITE_0_5_14 = BUILD_0_5_14 + """
 RESULT = {}
 STORES = []
 for case in PAYLOAD["cases"]:
@@ -165,24 +211,7 @@ for case in PAYLOAD["cases"]:
     stores, writers = [], []
     for pp_rank in range(case["pp"]):
         for tp_rank in range(case["tp"]):
-            if case["mla"]:
-                device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
-                                          layer_num=2, device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
-                host = MLATokenToKVPoolHost(device, 2.0, 0, PAGE, case["layout"], pin_memory=False, device="cpu")
-            else:
-                device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=2, head_dim=8, layer_num=2,
-                                          device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
-                host = MHATokenToKVPoolHost(device, 2.0, 0, PAGE, case["layout"], pin_memory=False, device="cpu")
-            config = HiCacheStorageConfig(
-                tp_rank=tp_rank, tp_size=case["tp"], pp_rank=pp_rank, pp_size=case["pp"], attn_cp_rank=0,
-                attn_cp_size=1, is_mla_model=case["mla"], enable_storage_metrics=False,
-                is_page_first_layout=case["layout"] == "page_first", model_name=case["model"],
-                tp_lcm_size=case["tp_lcm"], should_split_heads=case["tp_lcm"] is not None and not case["mla"],
-                extra_config=dict(case["extra"]),
-            )
-            store = MooncakeStore(config, host)
-            store.register_mem_pool_host(host)
-            host.kv_buffer.view(torch.uint8).random_(0, 255)
+            store, config = make_store(case, tp_rank, pp_rank)
             stores.append(store)
             # 0.5.14's writer rule is inline in HiCacheController.__init__ (backup_skip).
             if not (config.is_mla_model and config.tp_rank != 0):
@@ -190,6 +219,17 @@ for case in PAYLOAD["cases"]:
                 assert store.batch_set_v1(keys, torch.arange(0, PAGES * PAGE)) == [True] * PAGES
     RESULT[case["id"]] = {"page_keys": keys, "writers": writers, "exists": [s.batch_exists(keys) for s in stores]}
     STORES.extend(stores)
+"""
+
+NAMES_0_5_14 = BUILD_0_5_14 + """
+RESULT = []
+for case in PAYLOAD["cases"]:
+    store, _ = make_store(case, case["tp_rank"], case["pp_rank"])
+    try:
+        # the names batch_set_v1 puts: the tag prefix, then the suffixes of _batch_preprocess
+        RESULT.append(store._batch_preprocess(store._tag_keys(case["page_keys"]), torch.arange(0, len(case["page_keys"]) * PAGE))[0])
+    finally:
+        store.store.close()
 """
 
 
@@ -263,7 +303,9 @@ def test_every_shape_as_sglang_0_5_23_writes_it(mooncake_master):
 
 def test_every_shape_as_sglang_0_5_14_writes_it(mooncake_master):
     payload = shape_payload("0.5.14", mooncake_master)
-    with held_0_5_14(WRITE_0_5_14, {"page": PAGE, "pages": PAGES, "cases": payload}) as results:
+    for case in payload:
+        case["split_heads"] = split_heads(case)
+    with held_0_5_14(WRITE_0_5_14, {"page": PAGE, "pages": PAGES, "heads_per_rank": HEADS_PER_RANK, "cases": payload}) as results:
         check_version(mooncake_master, "0.5.14", payload, results)
         # 0.5.14 puts no model name in keys: the model-only shape is unprefixed.
         bare = results["model-only"]["page_keys"][0]
@@ -276,3 +318,73 @@ def test_every_shape_as_sglang_0_5_14_writes_it(mooncake_master):
         assert code == 1
         (entry,) = [d for d in data["diagnosis"] if d["kind"] == "other_version"]
         assert entry["sglang_version"] == "0.5.14" and entry["contiguous_pages"] == PAGES
+
+
+# --- the key builder on drawn deployments (hypothesis), both versions --------------------------
+
+
+@st.composite
+def rank_configs(draw_, version: str):
+    mla = draw_(st.booleans())
+    dcp = draw_(st.sampled_from([1, 2])) if mla and version == "0.5.23" else 1
+    tp = draw_(st.sampled_from([t for t in (1, 2, 4) if t % dcp == 0]))
+    pp = draw_(st.integers(1, 3))
+    layout = "page_first" if mla else draw_(st.sampled_from(["page_first", "page_head"]))
+    return {
+        "mla": mla, "tp": tp, "tp_rank": draw_(st.integers(0, tp - 1)), "pp": pp, "pp_rank": draw_(st.integers(0, pp - 1)),
+        "layout": layout, "tp_lcm": draw_(st.sampled_from([None, tp, 2 * tp, 4 * tp])), "dcp": dcp,
+        "model": draw_(st.sampled_from([None, "", "org/model-1.5B", "plain"])),
+        "tag": draw_(st.sampled_from([None, "t1", "blue_green"])),
+    }
+
+
+def drawn_configs(version: str, master, count: int) -> list[dict]:
+    configs: list[dict] = []
+
+    # derandomize: the same draws every run, so the coverage asserted below is stable
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate], derandomize=True)
+    @given(rank_configs(version))
+    def collect(config):
+        configs.append(config)
+
+    collect()
+    for config in configs:
+        config["split_heads"] = split_heads(config)
+        config["page_keys"] = [f"{random.getrandbits(256):064x}" for _ in range(2)]
+        config["extra"] = {
+            "master_server_address": master.rpc_address, "metadata_server": master.metadata_server, "protocol": "tcp",
+            "device_name": "", "global_segment_size": RANK_SEGMENT * config["tp"] * config["pp"],
+            "local_hostname": "127.0.0.1", **({"extra_backend_tag": config["tag"]} if config["tag"] else {}),
+        }
+    return configs
+
+
+def our_names(version: str, config: dict) -> list[str]:
+    scheme = ObjectKeyScheme(
+        version, model_name=config["model"], extra_backend_tag=config["tag"], tp_rank=config["tp_rank"],
+        tp_size=config["tp"], pp_rank=config["pp_rank"], pp_size=config["pp"], mla=config["mla"],
+        layout=config["layout"], tp_lcm_size=config["tp_lcm"], dcp_size=config["dcp"], page_size=PAGE,
+    )
+    return scheme.all_object_keys(config["page_keys"])
+
+
+def test_key_builder_matches_sglang_0_5_23(mooncake_master):
+    import torch
+
+    configs = drawn_configs("0.5.23", mooncake_master, 30)
+    assert any(c["split_heads"] for c in configs) and any(c["dcp"] > 1 for c in configs)
+    for config in configs:
+        store, _ = sglang_0_5_23_store(config, config["tp_rank"], config["pp_rank"])
+        try:
+            theirs = store._batch_preprocess(store._tag_keys(config["page_keys"]), torch.arange(0, 2 * PAGE))[0]
+        finally:
+            store.store.close()
+        assert our_names("0.5.23", config) == theirs, config
+
+
+def test_key_builder_matches_sglang_0_5_14(mooncake_master):
+    configs = drawn_configs("0.5.14", mooncake_master, 30)
+    assert any(c["split_heads"] for c in configs) and any(c["tag"] for c in configs)
+    payload = {"page": PAGE, "pages": PAGES, "heads_per_rank": HEADS_PER_RANK, "cases": configs}
+    for config, theirs in zip(configs, run_0_5_14(NAMES_0_5_14, payload), strict=True):
+        assert our_names("0.5.14", config) == theirs, config
