@@ -108,6 +108,18 @@ def keys(
         int | None,
         typer.Option("--tp-lcm-size", help="Extra-config tp_lcm_size (heterogeneous TP).", show_default=False),
     ] = None,
+    dcp_size: Annotated[
+        int,
+        typer.Option(
+            "--dcp-size",
+            help="Decode-context-parallel size (SGLang 0.5.23, MLA): the prefix names the topology and "
+            "each DCP shard writes its own object (docs/keys.md#dcp).",
+        ),
+    ] = 1,
+    dcp_rank: Annotated[
+        int | None,
+        typer.Option("--dcp-rank", help="One DCP shard (default: every shard).", show_default=False),
+    ] = None,
     master: Annotated[
         str | None,
         typer.Option(
@@ -148,6 +160,9 @@ def keys(
             mla=mla,
             layout=layout,
             tp_lcm_size=tp_lcm_size,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
+            page_size=page_size,
         )
         report = expected_keys(
             prompt.input_ids,

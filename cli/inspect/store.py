@@ -74,7 +74,8 @@ def _render(data: dict) -> None:
         stdout.print(
             f"[bold]prefix[/] {group['prefix'] or '(none)'}  {group['kind']}  {group['pages']} pages  "
             f"{group['objects']} objects  complete {group['complete_pages']}/{group['pages']}"
-            + (f"  K/V incomplete {group['kv_incomplete_pages']}" if group["kv_incomplete_pages"] else ""),
+            + (f"  K/V incomplete {group['kv_incomplete_pages']}" if group["kv_incomplete_pages"] else "")
+            + (f"  DCP {group['dcp']['dcp_size']} of tp {group['dcp']['tp_size']}" if group["dcp"] else ""),
             highlight=False,
         )
         stdout.print(f"    suffixes {suffixes}", highlight=False)
@@ -84,6 +85,12 @@ def _render(data: dict) -> None:
                 f"missing {' '.join(row['missing'])}",
                 highlight=False,
             )
+    if data["unified_scheme_keys"]:
+        stderr.print(
+            f"[yellow]note:[/] {data['unified_scheme_keys']} key(s) follow SGLang's unified key scheme "
+            "({page_key}_ukv…_L{start}-{end}); no SGLang 0.5.23 flag writes them (docs/keys.md#unified-key-scheme).",
+            highlight=False,
+        )
     for key in data["other_key_samples"]:
         stdout.print(f"[dim]other[/] {key}", highlight=False)
     if data["truncated"]:

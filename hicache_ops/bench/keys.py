@@ -1,18 +1,22 @@
 """Page-key throughput, ours beside SGLang's own get_hash_str, measured in one run.
 
-Both sides hash the same token ids (a uint32-valued int array, whole pages) and must return
-the same keys; each side is timed `repeats` times, interleaved, and the best run counts so a
-noisy neighbour on a shared machine hurts both alike.
+Both sides hash the same token ids (a uint32-valued int array, whole pages). The runs are
+interleaved (ours, SGLang's, ours, ...; the first side alternates) so a noisy neighbour on a
+shared machine hurts both alike, and each side's median run counts. A throughput figure means
+nothing unless both sides computed the same keys: a difference is refused (CheckFailed).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CheckFailed
 from ..sglang.keys import native_available, page_keys
 from ..sglang.versions import V0_5_23
 
@@ -22,28 +26,40 @@ class KeyBenchResult:
     tokens: int
     page_size: int
     repeats: int
-    ours_tokens_per_s: float
-    sglang_tokens_per_s: float | None
+    ours_seconds: list[float]
+    sglang_seconds: list[float] | None
     sglang_error: str | None
     native: bool
-    same_keys: bool | None
+
+    @property
+    def ours_tokens_per_s(self) -> float:
+        return self.tokens / statistics.median(self.ours_seconds)
+
+    @property
+    def sglang_tokens_per_s(self) -> float | None:
+        if self.sglang_seconds is None:
+            return None
+        return self.tokens / statistics.median(self.sglang_seconds)
 
     @property
     def ratio(self) -> float | None:
-        if self.sglang_tokens_per_s is None:
-            return None
-        return self.ours_tokens_per_s / self.sglang_tokens_per_s
+        theirs = self.sglang_tokens_per_s
+        return None if theirs is None else self.ours_tokens_per_s / theirs
 
     def to_json(self) -> dict:
         return {
             "tokens": self.tokens,
             "page_size": self.page_size,
             "repeats": self.repeats,
+            "statistic": "median",
             "native": self.native,
             "ours_tokens_per_s": self.ours_tokens_per_s,
             "sglang_tokens_per_s": self.sglang_tokens_per_s,
             "ratio": self.ratio,
-            "same_keys": self.same_keys,
+            "ours_seconds": self.ours_seconds,
+            "sglang_seconds": self.sglang_seconds,
+            # Only a run whose keys matched is reported (see require_same_keys).
+            "same_keys": True if self.sglang_seconds is not None else None,
             "sglang_error": self.sglang_error,
         }
 
@@ -57,13 +73,27 @@ def _sglang_get_hash_str():
     return get_hash_str, None
 
 
-def _best(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
+def require_same_keys(ours: Sequence[str], theirs: Sequence[str]) -> None:
+    """Raise CheckFailed naming the first page where the two key lists differ."""
+    theirs = list(theirs)
+    if list(ours) == theirs:
+        return
+    for index, (mine, other) in enumerate(zip(ours, theirs)):
+        if mine != other:
+            raise CheckFailed(
+                f"hicache and SGLang computed different keys from page {index} on "
+                f"({mine[:16]}… vs {other[:16]}…); the timings would compare different work, so none is reported."
+            )
+    raise CheckFailed(
+        f"hicache computed {len(ours)} page keys and SGLang {len(theirs)}; "
+        "the timings would compare different work, so none is reported."
+    )
+
+
+def _timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
 
 
 def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int = 5, seed: int = 0) -> KeyBenchResult:
@@ -73,30 +103,40 @@ def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int =
     ids_array = array("q", ids.tobytes())
 
     get_hash_str, error = _sglang_get_hash_str()
-    theirs_keys = None
-    theirs_best = float("inf")
     if get_hash_str is not None:
         try:
             get_hash_str(ids_array[: page_size * 2], None, page_size=page_size)  # builds the extension
         except Exception as exc:
             get_hash_str, error = None, f"SGLang's native hash failed: {type(exc).__name__}: {exc}"
 
-    ours_best = float("inf")
-    ours_keys = None
-    for _ in range(repeats):  # interleaved, best of each
-        t, ours_keys = _best(lambda: page_keys(ids, page_size, V0_5_23), 1)
-        ours_best = min(ours_best, t)
+    def ours():
+        return page_keys(ids, page_size, V0_5_23)
+
+    def theirs():
+        return get_hash_str(ids_array, None, page_size=page_size)
+
+    ours_seconds: list[float] = []
+    sglang_seconds: list[float] = []
+    for run in range(repeats):
+        sides = [(ours, ours_seconds)]
         if get_hash_str is not None:
-            t, theirs_keys = _best(lambda: get_hash_str(ids_array, None, page_size=page_size), 1)
-            theirs_best = min(theirs_best, t)
+            sides.append((theirs, sglang_seconds))
+        if run % 2:
+            sides.reverse()
+        outputs = []
+        for fn, seconds in sides:
+            elapsed, keys = _timed(fn)
+            seconds.append(elapsed)
+            outputs.append(keys)
+        if len(outputs) == 2:
+            require_same_keys(*outputs)
 
     return KeyBenchResult(
         tokens=n,
         page_size=page_size,
         repeats=repeats,
-        ours_tokens_per_s=n / ours_best,
-        sglang_tokens_per_s=(n / theirs_best) if get_hash_str is not None else None,
+        ours_seconds=ours_seconds,
+        sglang_seconds=sglang_seconds if get_hash_str is not None else None,
         sglang_error=error,
         native=native_available(),
-        same_keys=(list(theirs_keys) == ours_keys) if theirs_keys is not None else None,
     )

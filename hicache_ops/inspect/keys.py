@@ -85,7 +85,10 @@ def expected_keys(
         key_prefix=schemes[0].prefix,
         prompt_tokens=len(tokens),
         trailing_tokens=len(tokens) % page_size,
-        ranks=[{"tp_rank": s.tp_rank, "pp_rank": s.pp_rank, "suffixes": s.suffixes} for s in schemes],
+        ranks=[
+            {"tp_rank": s.tp_rank, "pp_rank": s.pp_rank, "dcp_rank": s.dcp_rank, "suffixes": s.suffixes}
+            for s in schemes
+        ],
     )
     for index, key in enumerate(keys):
         objects: list[str] = []
@@ -109,6 +112,11 @@ def expected_keys(
             "SGLang 0.5.14 ignores extra_key and cache_salt in page keys: tenants with the same "
             "tokens share these keys; 0.5.23 seeds the chain with them."
         )
-    if deployment.mla and deployment.tp_size > 1:
+    if deployment.mla and deployment.dcp_size > 1:
+        report.notes.append(
+            f"MLA with DCP {deployment.dcp_size}: tp ranks 0..{deployment.dcp_size - 1} write, one object per DCP "
+            "shard; the other DCP groups read them."
+        )
+    elif deployment.mla and deployment.tp_size > 1:
         report.notes.append("MLA: only tp rank 0 writes to L3; the other ranks read its objects.")
     return report

@@ -2,13 +2,15 @@
 
 For every page, `present` says which expected objects exist; `contiguous_pages` is what SGLang's
 `batch_exists` returns over every selected rank (the leading pages whose objects ALL exist; one
-missing `_v` ends the prefix, FACTS §2), and `first_missing` is the object that ends it. When
+missing `_v` ends the prefix, docs/keys.md#batch_exists), and `first_missing` is the object that ends it. When
 expected objects are absent, the master's key listing is searched for related objects and each
 finding becomes a diagnosis entry:
 
   incomplete_page  the page that ends the prefix holds some of its objects, not all
   gap              later pages exist but SGLang never reaches them past the first missing one
   other_prefix     the same page keys under another prefix (model name or extra_backend_tag)
+  dcp              the same page keys under a 0.5.23 DCP prefix (`..._tp{t}_dcp{d}_page{p}_pp{q}_cp{c}_`)
+                   while the lookup had no DCP (docs/keys.md#dcp)
   mla_vs_mha       the same page keys with the other attention kind's suffixes (`__k` vs `_0_k/_0_v`)
   other_rank       the same page keys for tp/pp ranks other than the expected ones
   missing_ranks    every missing page has all objects of some expected ranks and none of the
@@ -25,12 +27,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import InputError
 from .keys import Deployment, KeyReport, expected_keys
 from .store import pages_by_prefix
 from ..mooncake.admin import AdminClient
+from ..sglang.keys import dcp_topology
 from ..sglang.versions import SUPPORTED_VERSIONS, V0_5_14
 
 
@@ -220,6 +223,10 @@ def live_diff(
         found = sorted(suffixes_by_prefix[prefix])
         same = set(found) == expected_set
         found_any = True
+        topology = dcp_topology(prefix)
+        if topology is not None and deployment.dcp_size == 1:
+            diff.diagnosis.append(_dcp_entry(prefix, topology, count, found, deployment, page_keys, index))
+            continue
         diff.diagnosis.append(
             {
                 "kind": "other_prefix",
@@ -333,21 +340,47 @@ def live_diff(
 
 
 def _with_version(dep: Deployment, version: str) -> Deployment:
-    return Deployment(
-        version=version,
-        model_name=dep.model_name,
-        extra_backend_tag=dep.extra_backend_tag,
-        tp_size=dep.tp_size,
-        tp_rank=dep.tp_rank,
-        pp_size=dep.pp_size,
-        pp_rank=dep.pp_rank,
-        mla=dep.mla,
-        layout=dep.layout,
-        tp_lcm_size=dep.tp_lcm_size,
-    )
+    return replace(dep, version=version)
+
+
+def _dcp_entry(prefix: str, topology: dict, count: int, found: list[str], dep: Deployment,
+               page_keys: list[str], index: dict) -> dict:
+    """The diagnosis for pages a DCP deployment wrote, looked up without DCP."""
+    dcp, tp = topology["dcp_size"], topology["tp_size"]
+    run = None  # attention CP shards are not modelled here: no prefix computed for them
+    if topology["attn_cp_size"] == 1:
+        writer = replace(dep, mla=True, tp_size=tp, tp_rank=None, pp_size=topology["pp_size"], pp_rank=None,
+                         dcp_size=dcp, dcp_rank=None, page_size=topology["page_size"], version="0.5.23")
+        try:
+            wanted = {s for scheme in writer.schemes() for s in scheme.suffixes}
+        except InputError:  # a topology SGLang itself would refuse (e.g. tp not a multiple of DCP)
+            wanted = None
+        if wanted is not None:
+            run = _leading([wanted <= index.get(k, {}).get(prefix, set()) for k in page_keys])
+    return {
+        "kind": "dcp",
+        "prefix": prefix,
+        "pages": count,
+        "contiguous_pages": run,
+        "suffixes": found,
+        "topology": topology,
+        "message": f"{count} missing page(s) exist under the DCP prefix {prefix!r} (SGLang 0.5.23, MLA, "
+        f"tp {tp}, DCP {dcp}, logical page {topology['page_size']}, pp {topology['pp_size']}, "
+        f"cp {topology['attn_cp_size']}; one object per DCP shard: {', '.join(found)}), but these keys were "
+        "looked up without DCP"
+        + (f"; with DCP the contiguous prefix would be {run} pages." if run is not None else "."),
+        "hint": f"Pass --mla --tp-size {tp} --dcp-size {dcp} --page-size {topology['page_size']}.",
+    }
 
 
 def _prefix_hint(prefix: str, dep: Deployment) -> str:
+    if dep.dcp_size > 1 and dcp_topology(prefix) is None:
+        return (
+            f"The writer ran without DCP (no tp..._dcp..._page..._pp..._cp... part in its prefix): "
+            f"drop --dcp-size {dep.dcp_size} to look its keys up."
+        )
+    if dcp_topology(prefix) is not None:
+        return f"The writer ran another DCP topology ({dcp_topology(prefix)}): pass its tp, DCP and page sizes."
     if not prefix:
         return "The writer used no prefix: drop --model-name and --extra-backend-tag (or it ran SGLang 0.5.14 without a tag)."
     parts = prefix[:-1]

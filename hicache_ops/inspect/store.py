@@ -1,12 +1,15 @@
 """`hicache inspect store`: what a Mooncake master holds, grouped the way SGLang names objects.
 
-SGLang writes `{prefix}{page_key}_{rank}_{k|v}` (FACTS §2): prefix "" or "{tag}_", "{model}_",
-"{tag}_{model}_" (0.5.23 writes '/' in the model name as '-'); page_key 64 hex; rank "{tp}" or
-"{tp}_{pp}" for MHA, "" (so `__k`) or "{pp}" for MLA. Keys are grouped by prefix; within a group
-every page key is checked for K/V completeness (each rank that writes a V wrote its K and V) and
-rank completeness (every rank seen in the group wrote the page). SGLang's warm-up objects
-(`sglang_mooncake_store_warmup_key<uuid>`, one per client start) are counted apart; keys of any
-other shape are "other".
+SGLang writes `{prefix}{page_key}_{rank}_{k|v}` (docs/keys.md#object-keys): prefix "" or
+"{tag}_", "{model}_", "{tag}_{model}_" (0.5.23 writes '/' in the model name as '-'); page_key 64
+hex; rank "{tp}" or "{tp}_{pp}" for MHA, "" (so `__k`) or "{pp}" for MLA. A 0.5.23 DCP deployment
+ends its prefix with `tp{t}_dcp{d}_page{p}_pp{q}_cp{c}_` and names each DCP shard
+`dcp{r}_cp{s}[_{pp}]` (docs/keys.md#dcp). Keys are grouped by prefix; within a group every page key
+is checked for K/V completeness (each rank that writes a V wrote its K and V) and rank completeness
+(every rank seen in the group wrote the page; for a DCP prefix, every shard its topology names).
+SGLang's warm-up objects (`sglang_mooncake_store_warmup_key<uuid>`, one per client start) are
+counted apart, and so are keys of the unified key scheme (docs/keys.md#unified-key-scheme), which
+no 0.5.23 flag selects; keys of any other shape are "other".
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ..sglang.keys import WARMUP_KEY_PREFIX
+from ..sglang.keys import WARMUP_KEY_PREFIX, dcp_topology
 from ..mooncake.admin import AdminClient
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RANK_PART = re.compile(r"[A-Za-z0-9]+")
+# {page_key}_ukv{schema}-{16 hex}_L{start}-{end}[_H{head_group}], after any prefix.
+_UNIFIED_KEY = re.compile(r"[0-9a-f]{64}_ukv\d+-[0-9a-f]{16}_L\d+-\d+(?:_H\d+)?$")
 
 _METRIC_NAMES = (
     "master_key_count",
@@ -96,6 +101,9 @@ class PrefixGroup:
             ranks.add(rank)
             if kv == "v":
                 ranks_with_v.add(rank)
+        topology = dcp_topology(self.prefix)
+        if topology is not None:
+            ranks |= _dcp_shards(topology)  # a shard that never wrote is missing from every page
         expected = sorted({f"_{r}_k" for r in ranks} | {f"_{r}_v" for r in ranks_with_v}, key=_suffix_order)
         want = len(expected)
         complete = kv_incomplete = 0
@@ -123,6 +131,7 @@ class PrefixGroup:
         return {
             "prefix": self.prefix,
             "kind": kind,
+            "dcp": topology,
             "objects": self.objects,
             "pages": len(self.pages),
             "suffixes": {s: self.suffix_counts[s] for s in sorted(self.suffix_counts, key=_suffix_order)},
@@ -134,6 +143,17 @@ class PrefixGroup:
         }
 
 
+def _dcp_shards(topology: dict) -> set[str]:
+    """The rank parts of every object a DCP deployment writes per page: one per DCP/CP shard and stage."""
+    pp = topology["pp_size"]
+    return {
+        f"dcp{d}_cp{c}" + (f"_{p}" if pp > 1 else "")
+        for d in range(topology["dcp_size"])
+        for c in range(topology["attn_cp_size"])
+        for p in range(pp)
+    }
+
+
 def _suffix_order(suffix: str) -> tuple:
     rank = suffix[1:-2]
     parts = tuple(int(p) if p.isdigit() else p for p in rank.split("_")) if rank else ()
@@ -143,7 +163,7 @@ def _suffix_order(suffix: str) -> tuple:
 def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int = 20) -> dict:
     """Group object keys by SGLang prefix; warm-up and other keys counted apart."""
     groups: dict[str, PrefixGroup] = {}
-    warmup = 0
+    warmup = unified = 0
     other: list[str] = []
     matched = 0
     for key in keys:
@@ -155,7 +175,10 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
             continue
         split = _split_key(key)
         if split is None:
-            other.append(key)
+            if _UNIFIED_KEY.search(key):
+                unified += 1
+            else:
+                other.append(key)
             continue
         prefix, page_key, rank, kv = split
         group = groups.get(prefix)
@@ -174,6 +197,7 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
         "prefix_filter": prefix_filter,
         "matched_keys": matched,
         "warmup_keys": warmup,
+        "unified_scheme_keys": unified,
         "other_keys": len(other),
         "groups": [g.summary(limit) for g in ordered[:limit]],
         "group_count": len(ordered),

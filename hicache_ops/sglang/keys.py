@@ -1,4 +1,4 @@
-"""Page keys and Mooncake object keys exactly as SGLang computes them (FACTS §1-2).
+"""Page keys and Mooncake object keys exactly as SGLang computes them (docs/keys.md).
 
 A page key identifies one page of tokens in L3: SHA-256 over the previous page's raw digest
 (absent for the first page, or the 0.5.23 namespace seed) and the page's tokens as 4-byte
@@ -11,6 +11,7 @@ Every function takes the SGLang version explicitly: the rules differ between 0.5
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,22 @@ INT64_MAX = 2**63 - 1
 WIDE_PAGE_TAG = b"\xff"
 # SGLang's warm-up objects, one per client start: `sglang_mooncake_store_warmup_key<uuid hex>`.
 WARMUP_KEY_PREFIX = "sglang_mooncake_store_warmup_key"
+# The last prefix part of a 0.5.23 DCP deployment (docs/keys.md#dcp).
+_DCP_PREFIX_PART = re.compile(r"(?:^|_)tp(\d+)_dcp(\d+)_page(\d+)_pp(\d+)_cp(\d+)_$")
+
+
+def dcp_prefix_part(tp_size: int, dcp_size: int, page_size: int, pp_size: int, attn_cp_size: int) -> str:
+    """The topology part 0.5.23 appends to the key prefix when dcp_size > 1."""
+    return f"tp{tp_size}_dcp{dcp_size}_page{page_size}_pp{pp_size}_cp{attn_cp_size}"
+
+
+def dcp_topology(prefix: str) -> dict | None:
+    """The DCP topology a key prefix names (tp/dcp/page/pp/cp sizes), or None for a non-DCP prefix."""
+    match = _DCP_PREFIX_PART.search(prefix)
+    if match is None:
+        return None
+    tp, dcp, page, pp, cp = (int(g) for g in match.groups())
+    return {"tp_size": tp, "dcp_size": dcp, "page_size": page, "pp_size": pp, "attn_cp_size": cp}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,10 +242,13 @@ def page_keys(
 
 @dataclass(frozen=True)
 class ObjectKeyScheme:
-    """How one rank of a deployment names the Mooncake objects of a page (FACTS §2).
+    """How one rank of a deployment names the Mooncake objects of a page (docs/keys.md#object-keys).
 
     `tp_rank` is the attention-TP rank. `layout` matters only through split heads: MHA with the
     `page_head` host layout and `tp_lcm_size > tp_size` writes one K/V pair per target rank.
+    `dcp_size` > 1 (0.5.23, MLA only) is decode context parallel (docs/keys.md#dcp): the prefix
+    names the topology, including the logical `page_size`, and the MLA object names the rank's
+    DCP shard (`tp_rank % dcp_size`) and attention-CP rank.
     """
 
     version: str
@@ -241,10 +261,14 @@ class ObjectKeyScheme:
     mla: bool = False
     layout: str = "page_first"
     tp_lcm_size: int | None = None
+    dcp_size: int = 1
+    page_size: int | None = None
+    attn_cp_size: int = 1
+    attn_cp_rank: int = 0
 
     def __post_init__(self) -> None:
         validate_version(self.version)
-        for name in ("tp_size", "pp_size"):
+        for name in ("tp_size", "pp_size", "dcp_size", "attn_cp_size"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name.replace('_', '-')} {getattr(self, name)} must be >= 1.")
         if not 0 <= self.tp_rank < self.tp_size:
@@ -261,6 +285,18 @@ class ObjectKeyScheme:
                     f"tp-lcm-size {self.tp_lcm_size} is not a positive multiple of tp-size {self.tp_size}.",
                     hint="SGLang requires tp_lcm_size % tp_size == 0.",
                 )
+        if not 0 <= self.attn_cp_rank < self.attn_cp_size:
+            raise InputError(
+                f"attn-cp-rank {self.attn_cp_rank} is outside 0..{self.attn_cp_size - 1} "
+                f"for attn-cp-size {self.attn_cp_size}."
+            )
+        if self.dcp_size > 1:
+            check_dcp(self.version, self.mla, self.tp_size, self.dcp_size, self.page_size)
+
+    @property
+    def dcp_rank(self) -> int:
+        """The rank's DCP shard: SGLang requires contiguous DCP groups, so tp_rank % dcp_size."""
+        return self.tp_rank % self.dcp_size
 
     @property
     def split_heads(self) -> bool:
@@ -274,8 +310,16 @@ class ObjectKeyScheme:
 
     @property
     def writes(self) -> bool:
-        """Whether this rank writes to L3 at all: under MLA only tp rank 0 does."""
-        return not self.mla or self.tp_rank == 0
+        """Whether this rank writes to L3 at all (docs/keys.md#writers).
+
+        MHA: every rank. MLA: 0.5.14 tp rank 0; 0.5.23 `tp_rank == dcp_rank`, i.e. the first DCP
+        group, one writer per shard (tp rank 0 without DCP).
+        """
+        if not self.mla:
+            return True
+        if self.version == V0_5_14:
+            return self.tp_rank == 0
+        return self.tp_rank == self.dcp_rank
 
     @property
     def prefix(self) -> str:
@@ -288,12 +332,19 @@ class ObjectKeyScheme:
                 parts.append(str(self.extra_backend_tag))
             if self.model_name:
                 parts.append("-".join(self.model_name.split("/")))
+            if self.dcp_size > 1:
+                parts.append(
+                    dcp_prefix_part(self.tp_size, self.dcp_size, self.page_size, self.pp_size, self.attn_cp_size)
+                )
         return "_".join(parts) + "_" if parts else ""
 
     @property
     def suffixes(self) -> list[str]:
         """What follows the page key in each object key, in SGLang's query order."""
         pp = self.pp_size > 1
+        if self.mla and self.dcp_size > 1:
+            shard = f"dcp{self.dcp_rank}_cp{self.attn_cp_rank}" + (f"_{self.pp_rank}" if pp else "")
+            return [f"_{shard}_k"]
         if self.mla:
             return [f"_{self.pp_rank}_k" if pp else "__k"]
         if self.split_heads:
@@ -322,7 +373,9 @@ class ObjectKeyScheme:
 class Deployment:
     """What decides object names: version, prefix parts and the rank topology.
 
-    `tp_rank` / `pp_rank` None means every rank of the deployment.
+    `tp_rank` / `pp_rank` None means every rank of the deployment; `dcp_rank` picks the tp
+    ranks of one DCP shard (`tp_rank % dcp_size == dcp_rank`). `page_size` is the logical page
+    size, which a DCP prefix names.
     """
 
     version: str
@@ -335,10 +388,24 @@ class Deployment:
     mla: bool = False
     layout: str = "page_first"
     tp_lcm_size: int | None = None
+    dcp_size: int = 1
+    dcp_rank: int | None = None
+    page_size: int | None = None
 
     def schemes(self) -> list[ObjectKeyScheme]:
         """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
+        if self.dcp_size < 1:
+            raise InputError(f"dcp-size {self.dcp_size} must be >= 1.")
+        if self.dcp_rank is not None and not 0 <= self.dcp_rank < self.dcp_size:
+            raise InputError(f"dcp-rank {self.dcp_rank} is outside 0..{self.dcp_size - 1} for dcp-size {self.dcp_size}.")
         tp_ranks = range(self.tp_size) if self.tp_rank is None else [self.tp_rank]
+        if self.dcp_rank is not None:
+            if self.tp_rank is not None and self.tp_rank % self.dcp_size != self.dcp_rank:
+                raise InputError(
+                    f"tp-rank {self.tp_rank} is in DCP shard {self.tp_rank % self.dcp_size}, not {self.dcp_rank}.",
+                    hint="SGLang groups DCP ranks contiguously: dcp_rank = tp_rank % dcp_size.",
+                )
+            tp_ranks = [tp for tp in tp_ranks if tp % self.dcp_size == self.dcp_rank]
         pp_ranks = range(self.pp_size) if self.pp_rank is None else [self.pp_rank]
         out = []
         for pp in pp_ranks:
@@ -354,12 +421,37 @@ class Deployment:
                     mla=self.mla,
                     layout=self.layout,
                     tp_lcm_size=self.tp_lcm_size,
+                    dcp_size=self.dcp_size,
+                    page_size=self.page_size,
                 )
                 if scheme.writes:
                     out.append(scheme)
         if not out:
+            if self.dcp_size > 1:
+                raise InputError(
+                    f"under MLA with DCP only tp ranks 0..{self.dcp_size - 1} (one per DCP shard) write to L3; "
+                    f"tp-rank {self.tp_rank} writes nothing.",
+                    hint=f"Drop --tp-rank or pass --tp-rank {self.tp_rank % self.dcp_size}.",
+                )
             raise InputError(
                 f"under MLA only tp rank 0 writes to L3; tp-rank {self.tp_rank} writes nothing.",
                 hint="Drop --tp-rank or pass --tp-rank 0.",
             )
         return out
+
+
+def check_dcp(version: str, mla: bool, tp_size: int, dcp_size: int, page_size: int | None) -> None:
+    """SGLang's conditions for DCP storage keys (docs/keys.md#dcp); InputError when one fails."""
+    if version != V0_5_23:
+        raise InputError(
+            f"dcp-size {dcp_size}: SGLang {version} has no DCP storage keys.",
+            hint="DCP storage keys exist in SGLang 0.5.23; pass --sglang-version 0.5.23.",
+        )
+    if not mla:
+        raise InputError(f"dcp-size {dcp_size} needs an MLA model: SGLang refuses DCP storage otherwise.", hint="Pass --mla.")
+    if tp_size % dcp_size:
+        raise InputError(f"tp-size {tp_size} is not a multiple of dcp-size {dcp_size}, as SGLang requires.")
+    if page_size is None or page_size % dcp_size:
+        raise InputError(
+            f"page size {page_size} is not a multiple of dcp-size {dcp_size}: SGLang needs a DCP-aligned logical page."
+        )

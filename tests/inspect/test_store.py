@@ -119,6 +119,26 @@ def test_group_keys(filled_master):
     assert only["matched_keys"] == 4 and only["warmup_keys"] == 0 and [g["prefix"] for g in only["groups"]] == ["t1_deepseek-ai-DeepSeek-V3_"]
 
 
+def test_dcp_groups_expect_every_shard(mooncake_master, mooncake_segment_owner):
+    """A DCP prefix names its topology: a shard that never wrote makes every page incomplete."""
+    tag = f"dcp{time.monotonic_ns()}"
+    shards = [ObjectKeyScheme("0.5.23", extra_backend_tag=tag, mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=16)
+              for r in range(4)]
+    keys = [k for pk in PK for s in shards[:3] for k in s.object_keys(pk)]  # shard 3 wrote nothing
+    unified = f"{tag}_{PK[0]}_ukv1-0123456789abcdef_L0-3_H1"
+    for key in [*keys, unified]:
+        mooncake_segment_owner.put(key, b"x")
+    data = inspect_store(mooncake_master.metrics_address, prefix=f"{tag}_", limit=10)
+    (group,) = data["groups"]
+    assert group["prefix"] == f"{tag}_tp8_dcp4_page16_pp1_cp1_" and group["kind"] == "mla"
+    assert group["dcp"] == {"tp_size": 8, "dcp_size": 4, "page_size": 16, "pp_size": 1, "attn_cp_size": 1}
+    assert group["suffixes"] == {"_dcp0_cp0_k": 4, "_dcp1_cp0_k": 4, "_dcp2_cp0_k": 4}
+    assert group["complete_pages"] == 0 and all(row["missing"] == ["_dcp3_cp0_k"] for row in group["incomplete"])
+    assert (data["unified_scheme_keys"], data["other_keys"]) == (1, 0)
+    result = invoke("inspect", "store", "--master", mooncake_master.metrics_address, "--prefix", f"{tag}_")
+    assert result.exit_code == 0 and "DCP 4 of tp 8" in result.stdout and "unified key scheme" in result.stderr
+
+
 def test_inspect_store_library(filled_master):
     master, keys = filled_master
     data = inspect_store(master.metrics_address, limit=5)

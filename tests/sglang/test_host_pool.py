@@ -291,26 +291,7 @@ def test_rewrites_match_sglang_0_5_23(layout, io_backend, mooncake):
     assert bool(notes) == ((got_layout, got_io) != (layout, io_backend))
 
 
-@pytest.mark.parametrize(
-    "layout, io, mooncake, rocm, expected",
-    [
-        # 0.5.14 server_args.py::_handle_hicache, read from the wheel (not installed here)
-        ("page_first_direct", "kernel", False, False, ("page_first_direct", "direct")),
-        ("page_first", "direct", False, False, ("page_first_direct", "direct")),
-        ("page_first", "direct", True, False, ("page_first_direct", "direct")),
-        ("layer_first", "kernel", True, False, ("page_first", "kernel")),
-        ("layer_first", "direct", True, False, ("page_first_direct", "direct")),
-        ("layer_first", "kernel", False, False, ("layer_first", "kernel")),
-        ("page_head", "kernel", True, False, ("page_head", "kernel")),
-        ("page_head", "direct", True, False, ("page_head", "direct")),
-        # ROCm: page_first + kernel falls back to layer_first, which Mooncake then rewrites back
-        ("page_first", "kernel", False, True, ("layer_first", "kernel")),
-        ("page_first", "kernel", True, True, ("page_first", "kernel")),
-    ],
-)
-def test_rewrites_0_5_14(layout, io, mooncake, rocm, expected):
-    got = resolve_layout(layout, io, mooncake, version="0.5.14", rocm=rocm)
-    assert (got.layout, got.io_backend) == expected
+# 0.5.14's rewrites against its own ServerArgs._handle_hicache: test_sglang_0_5_14.py.
 
 
 def test_rewrite_dcp_and_rocm_are_version_specific():

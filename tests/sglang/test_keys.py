@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from array import array
 from pathlib import Path
@@ -14,27 +13,13 @@ from hypothesis import strategies as st
 
 from hicache_ops.sglang import keys as keys_mod
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.keys import ObjectKeyScheme, namespace_seed, page_keys
+from hicache_ops.sglang.keys import Deployment, ObjectKeyScheme, dcp_topology, namespace_seed, page_keys
 
 # Computed with SGLang 0.5.23's own functions (shared/refs), kept here so the test always runs.
 REFS = json.loads((Path(__file__).parents[1] / "data" / "sglang_public_refs.json").read_text())
 
 from sglang.srt.mem_cache import utils as sglang_utils  # noqa: E402  (a test dependency)
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
-
-
-def spec_page_keys(tokens, page_size, prior_hex=None):
-    """FACTS §1 written out token by token, as 0.5.14's pure-Python get_hash_str does."""
-    out = []
-    for start in range(0, len(tokens) - len(tokens) % page_size, page_size):
-        h = hashlib.sha256()
-        if prior_hex:
-            h.update(bytes.fromhex(prior_hex))
-        for t in tokens[start : start + page_size]:
-            h.update(t.to_bytes(4, "little", signed=False))
-        prior_hex = h.hexdigest()
-        out.append(prior_hex)
-    return out
 
 
 def sglang_storage_keys(tokens, page_size, extra_key=None, cache_salt=None, whole_pages=True):
@@ -108,15 +93,7 @@ def test_namespace_normalisation():
     assert page_keys(list(range(32)), 16, "0.5.23", cache_salt="") == page_keys(list(range(32)), 16, "0.5.23")
 
 
-# --- 0.5.14 rules ------------------------------------------------------------------------------
-
-
-@settings(max_examples=100, deadline=None)
-@given(tokens=tokens_st, page_size=st.integers(1, 70), extra_key=namespace_st, cache_salt=namespace_st)
-def test_0_5_14_ignores_namespace_and_follows_the_spec(tokens, page_size, extra_key, cache_salt):
-    assert page_keys(tokens, page_size, "0.5.14", extra_key=extra_key, cache_salt=cache_salt) == spec_page_keys(
-        tokens, page_size
-    )
+# --- 0.5.14 rules (its get_hash_str itself: test_sglang_0_5_14.py) ----------------------------
 
 
 def test_0_5_14_rejects_wide_tokens_that_0_5_23_hashes():
@@ -203,6 +180,14 @@ PK = "ab" * 32
         ),
         (dict(version="0.5.14", model_name="Qwen/Qwen3-0.6B"), [f"{PK}_0_k", f"{PK}_0_v"]),
         (dict(version="0.5.14", extra_backend_tag="blue"), [f"blue_{PK}_0_k", f"blue_{PK}_0_v"]),
+        (
+            dict(version="0.5.23", model_name="deepseek-ai/DeepSeek-V3", mla=True, tp_size=8, tp_rank=3, dcp_size=4, page_size=64),
+            [f"deepseek-ai-DeepSeek-V3_tp8_dcp4_page64_pp1_cp1_{PK}_dcp3_cp0_k"],
+        ),
+        (
+            dict(version="0.5.23", mla=True, tp_size=4, tp_rank=1, dcp_size=2, page_size=32, pp_size=2, pp_rank=1),
+            [f"tp4_dcp2_page32_pp2_cp1_{PK}_dcp1_cp0_1_k"],
+        ),
     ],
 )
 def test_object_keys(kwargs, expected):
@@ -213,6 +198,41 @@ def test_mla_only_rank_zero_writes():
     assert ObjectKeyScheme("0.5.23", mla=True, tp_size=2, tp_rank=0).writes
     assert not ObjectKeyScheme("0.5.23", mla=True, tp_size=2, tp_rank=1).writes
     assert ObjectKeyScheme("0.5.23", tp_size=2, tp_rank=1).writes
+
+
+def test_dcp_writers_are_the_first_dcp_group():
+    writers = [ObjectKeyScheme("0.5.23", mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=64).writes for r in range(8)]
+    assert writers == [True] * 4 + [False] * 4
+    assert [ObjectKeyScheme("0.5.14", mla=True, tp_size=2, tp_rank=r).writes for r in range(2)] == [True, False]
+    dep = Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, page_size=64)
+    assert [s.tp_rank for s in dep.schemes()] == [0, 1, 2, 3]
+    assert [s.tp_rank for s in Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, dcp_rank=2, page_size=64).schemes()] == [2]
+    with pytest.raises(InputError, match="DCP shard 1, not 2"):
+        Deployment("0.5.23", mla=True, tp_size=8, tp_rank=5, dcp_size=4, dcp_rank=2, page_size=64).schemes()
+    with pytest.raises(InputError, match="tp ranks 0..3"):
+        Deployment("0.5.23", mla=True, tp_size=8, tp_rank=5, dcp_size=4, page_size=64).schemes()
+
+
+def test_dcp_prefix_round_trips():
+    scheme = ObjectKeyScheme("0.5.23", model_name="m", mla=True, tp_size=4, dcp_size=2, page_size=32)
+    assert dcp_topology(scheme.prefix) == {"tp_size": 4, "dcp_size": 2, "page_size": 32, "pp_size": 1, "attn_cp_size": 1}
+    assert dcp_topology("m_") is None and dcp_topology("") is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(version="0.5.14", mla=True, tp_size=2, dcp_size=2, page_size=16), "0.5.14 has no DCP"),
+        (dict(version="0.5.23", tp_size=2, dcp_size=2, page_size=16), "needs an MLA model"),
+        (dict(version="0.5.23", mla=True, tp_size=3, dcp_size=2, page_size=16), "not a multiple of dcp-size"),
+        (dict(version="0.5.23", mla=True, tp_size=2, dcp_size=2, page_size=15), "DCP-aligned"),
+        (dict(version="0.5.23", mla=True, tp_size=2, dcp_size=2), "DCP-aligned"),
+        (dict(version="0.5.23", mla=True, dcp_size=0), "must be >= 1"),
+    ],
+)
+def test_dcp_rules_are_sglangs(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        ObjectKeyScheme(**kwargs)
 
 
 @pytest.mark.parametrize(
