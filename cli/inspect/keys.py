@@ -79,7 +79,7 @@ def _render_live(report: KeyReport, diff) -> None:
 
 
 @sglang_url_option("sglang_version", "page_size", "model_name", "extra_backend_tag", "tp_size", "pp_size", "mla",
-                   "layout", "tp_lcm_size")
+                   "layout", "tp_lcm_size", "dcp_size")
 def keys(
     tokens: TokensOption = None,
     tokens_file: TokensFileOption = None,

@@ -78,10 +78,25 @@ class ServerInfo:
 
     @property
     def mla(self) -> bool | None:
-        """Whether the KV pool is MLA, known only from an L3 layout that names it (0.5.23)."""
+        """Whether the KV pool is MLA: from an L3 layout that names it, or DCP (0.5.23 only).
+
+        SGLang accepts DCP > 1 with MLA only (docs/keys.md#dcp); otherwise the arguments do not
+        say (the model's config is not served).
+        """
         inner = (self.l3_layout or {}).get("hicache_object_layout") or {}
         value = inner.get("is_mla_backend")
-        return value if isinstance(value, bool) else None
+        if isinstance(value, bool):
+            return value
+        return True if self.dcp_size > 1 else None
+
+    @property
+    def logical_page_size(self) -> int:
+        """Tokens per page of the radix tree and the L3 keys: `page_size * dcp_size` under DCP.
+
+        0.5.23's allocator widens its pages by the DCP size and the tree follows it
+        (docs/keys.md#dcp); 0.5.14 has no DCP.
+        """
+        return self.page_size * self.dcp_size
 
     @property
     def model_name(self) -> str:
@@ -94,7 +109,7 @@ class ServerInfo:
         tag = extra.get("extra_backend_tag")
         out: dict[str, Any] = {
             "sglang_version": self.sglang_version,
-            "page_size": self.page_size,
+            "page_size": self.logical_page_size,
             "model_name": self.model_name,
             "extra_backend_tag": None if tag is None else str(tag),
             "tp_lcm_size": _positive_int(extra.get("tp_lcm_size")),
@@ -133,6 +148,8 @@ class ServerInfo:
             mla=values.get("mla", False),
             layout=values.get("layout", "page_first"),
             tp_lcm_size=values.get("tp_lcm_size"),
+            dcp_size=values.get("dcp_size", 1),
+            page_size=values.get("page_size"),
         )
 
 @dataclass
@@ -326,11 +343,6 @@ def interpret(body: dict, url: str, route: str, l3_layout: dict | None = None) -
     page_size = body["page_size"]
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise InputError(f"the server at {url} reports page_size {page_size!r}, not a positive integer.")
-    if scheme == V0_5_23 and _int(body, "dcp_size", 1) > 1:
-        notes.append(
-            f"DCP size {body['dcp_size']}: SGLang 0.5.23 adds a topology part to the key prefix and DCP ranks "
-            "to MLA suffixes (docs/keys.md#dcp), which the derived key scheme leaves out."
-        )
     if not body.get("enable_hierarchical_cache"):
         notes.append("the server runs without HiCache (enable_hierarchical_cache is false): it writes nothing to L3.")
     extra_source = body.get("hicache_storage_backend_extra_config")

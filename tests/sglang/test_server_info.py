@@ -189,12 +189,20 @@ def test_dp_attention_storage_tp():
     assert interpret(newer, "u", "/server_info").storage_tp_size == 2
 
 
-def test_dcp_is_reported_as_a_part_the_scheme_leaves_out():
-    body = {"version": "0.5.23", "model_path": "m", "page_size": 64, "tp_size": 8, "dcp_size": 4,
-            "enable_hierarchical_cache": True}
+def test_dcp_means_mla_and_a_topology_prefix(serve_body):
+    body = {"version": "0.5.23", "model_path": "org/ds", "page_size": 64, "tp_size": 8, "dcp_size": 4,
+            "enable_hierarchical_cache": True, "hicache_storage_backend": "mooncake"}  # fmt: skip
     info = interpret(body, "u", "/server_info")
-    assert info.values()["dcp_size"] == 4 and any("docs/keys.md#dcp" in note for note in info.notes)
-    assert not interpret({**body, "dcp_size": 1}, "u", "/server_info").notes
+    assert info.values()["dcp_size"] == 4 and info.mla  # SGLang refuses DCP without MLA
+    assert info.values()["page_size"] == 256  # the tree pages at page_size * dcp_size
+    assert interpret({**body, "dcp_size": 1}, "u", "/server_info").mla is None
+    url = serve_body(body)
+    res, data = run_json(["inspect", "keys", "--tokens", ",".join(map(str, range(256))), "--sglang-url", url])
+    assert res.exit_code == 0, res.output
+    assert data["key_prefix"] == "org-ds_tp8_dcp4_page256_pp1_cp1_" and len(data["pages"]) == 1
+    assert [key.rsplit("_", 3)[1:] for key in data["pages"][0]["object_keys"]] == [
+        [f"dcp{d}", "cp0", "k"] for d in range(4)
+    ]
 
 
 def test_extra_config_file_on_the_server_host_is_a_note():
