@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import sys
 from typing import Annotated
 
 import typer
@@ -145,7 +147,16 @@ def serve(
 def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float) -> None:
     from hicache_ops.server.runtime import Runtime
 
+    import logging
+
+    # The L3 watch logs the tier going down or up again; sys.stderr is the terminal here.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s hicache serve: %(message)s", "%H:%M:%S"))
+    logging.getLogger("hicache").addHandler(handler)
+    logging.getLogger("hicache").setLevel(logging.INFO)
+
     runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
+    closed = True
     try:
         import uvicorn
 
@@ -163,5 +174,11 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
         except _StopRequested:
             pass
     finally:
-        runtime.stop()
+        closed = runtime.stop()
         stderr.print("hicache serve stopped; everything it started is down.", highlight=False)
+    if not closed:
+        # L3 was down: Mooncake's client close would block ~15 s for a master that is gone, and
+        # its segment went with the master; end without running its destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -304,6 +304,18 @@ class EmbeddedMaster:
                 pass
         return proc.returncode
 
+    def on_exit(self, callback) -> None:
+        """Reap the master the moment it exits (no zombie) and call `callback(returncode)` then,
+        from a daemon thread; a stop() of ours calls it too."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("the embedded master has not been started")
+
+        def wait() -> None:
+            callback(proc.wait())
+
+        threading.Thread(target=wait, name=f"reap-mooncake-master-{proc.pid}", daemon=True).start()
+
     def __enter__(self) -> "EmbeddedMaster":
         return self.start()
 

@@ -33,7 +33,7 @@ class ServeClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs) -> Any:
+    def _call(self, method: str, path: str, ok_statuses: tuple[int, ...] = (), **kwargs) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -45,7 +45,7 @@ class ServeClient:
             raise UnreachableError(f"hicache serve at {self.url} did not answer {path} in time.") from None
         except httpx.TransportError as exc:
             raise UnreachableError(f"the connection to hicache serve at {self.url} failed: {exc}.") from None
-        if response.status_code >= 400:
+        if response.status_code >= 400 and response.status_code not in ok_statuses:
             try:
                 error = response.json()["error"]
             except (ValueError, KeyError, TypeError):
@@ -89,4 +89,5 @@ class ServeClient:
         return self._call("GET", "/metrics")
 
     def health(self) -> dict:
-        return self._call("GET", "/health")
+        """/health: {"status": "ok", "l3": ...}, or {"status": "degraded", "l3": "down", ...} (HTTP 503)."""
+        return self._call("GET", "/health", ok_statuses=(503,))

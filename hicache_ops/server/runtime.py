@@ -58,6 +58,7 @@ class Runtime:
     master: object | None = None
     store: object | None = None
     cache: object | None = None
+    l3_health: object | None = None
     started: dict = field(default_factory=dict)
 
     def start(self) -> Runtime:
@@ -78,24 +79,52 @@ class Runtime:
             rpc, metrics = self.master.rpc_address, self.master.metrics_address
         if self.l3.kind != "none":
             from ..mooncake.store import StoreClient
+            from .l3_health import L3Health
 
-            # This long-lived client owns the segment the objects live in (FACTS §7).
+            # This long-lived client owns the segment the objects live in (docs/mooncake.md).
             self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes)
+            store = self.store
+            self.l3_health = L3Health(metrics, on_change=lambda state, reason: store.mark_down(reason if state == "down" else None))
+            if self.master is not None:
+                master, health = self.master, self.l3_health
+                master.on_exit(lambda code: health.master_exited(master.pid, code, expected=self.master is None))
+            self.l3_health.start()
         self.cache = build_bytes(self.spec, self.store)
         if self.l3_latency_s and self.cache.l3 is not None:
             self.cache.l3.extra_latency_s = self.l3_latency_s
         self.started = {"rpc_address": rpc, "metrics_address": metrics}
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Take down what start() started. False when L3 was down and the store client was
+        abandoned rather than closed (docs/mooncake.md): the process must then end with os._exit."""
+        health, self.l3_health = self.l3_health, None
+        if health is not None:
+            health.stop()
+        closed = True
         store, self.store = self.store, None
         if store is not None:
             try:
-                store.close()
+                if health is not None and health.down:
+                    store.abandon()
+                    closed = False
+                else:
+                    store.close()
             except Exception:  # closing is best effort; the master goes next anyway
                 pass
         master, self.master = self.master, None
         if master is not None:
             master.stop()
+        return closed
+
+    @property
+    def l3_state(self) -> dict:
+        if self.l3_health is None:
+            return {"state": "none" if self.l3.kind == "none" else "stopped"}
+        return self.l3_health.to_json()
+
+    def record_l3_error(self, message: str) -> None:
+        if self.l3_health is not None:
+            self.l3_health.record_error(message)
 
     # -- what the API reports -------------------------------------------------------------------
 
@@ -134,7 +163,7 @@ class Runtime:
 
         cache = self.cache
         with cache.lock:
-            return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats)}
+            return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats), "l3": self.l3_state}
 
     def layout_report(self) -> dict:
         from ..inspect.layout import inspect_layout
