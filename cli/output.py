@@ -61,6 +61,12 @@ def reporting(json_output: bool) -> Iterator[None]:
             raise
         print_error(err, json_output)
         raise typer.Exit(err.exit_code) from None
+    except KeyboardInterrupt:
+        # A command without a stop-aware loop (or a second Ctrl-C): one line, exit 130, no traceback.
+        from hicache_ops.interrupt import Interrupted
+
+        print_error(Interrupted("interrupted before it finished; nothing more was done."), json_output)
+        raise typer.Exit(130) from None
 
 
 @contextmanager
