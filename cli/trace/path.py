@@ -42,6 +42,11 @@ ServeOption = Annotated[
     typer.Option("--serve", help="Trace on a running `hicache serve` (URL) instead of an embedded engine.", show_default=False),
 ]
 StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
+AllowWritesOption = Annotated[
+    bool,
+    typer.Option("--allow-writes", help="With --serve: let the trace change the serve (write, prefill, --flush); "
+                 "without it a read is only observed."),
+]
 
 
 def _render_step(step: dict) -> None:
@@ -73,7 +78,7 @@ def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
 
 
 def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_salt, inject, serve_url, flush, step, json_output,
-           timeout: float, engine_flags_given: list[str]) -> None:
+           timeout: float, engine_flags_given: list[str], allow_writes: bool) -> None:
     with reporting(json_output):
         from hicache_ops.server.client import check_timeout
         from hicache_ops.tokens import load_prompt
@@ -88,17 +93,25 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
             if engine_flags_given:
                 raise InputError(f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
                                  hint="Drop them, or trace without --serve.")
+            if not allow_writes and (kind == "write" or flush):
+                what = "a write trace prefills the prompt and backs it up to L3" if kind == "write" else "--flush drops the serve's L1 and L2"
+                raise InputError(f"{what}: that changes the serve; pass --allow-writes if you mean it.",
+                                 hint="Without it, `trace read --serve` observes the read path and changes nothing.")
+            from hicache_ops import interrupt
             from hicache_ops.server.client import ServeClient
             from hicache_ops.trace.run import check_traceable
 
             with ServeClient.open(serve_url, timeout_s=timeout) as client:
                 check_traceable(prompt.input_ids, client.stats()["config"]["page_size"])
-                run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush)
+                with interrupt.stop_on_signals(), interrupt.cancellable():
+                    run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes)
             for s in run["steps"]:
                 _emit_step(s, json_output, step)
         else:
             if flush:
                 raise InputError("--flush applies to --serve; the embedded engine starts empty.")
+            if allow_writes:
+                raise InputError("--allow-writes applies to --serve; the embedded engine is a scratch instance of its own.")
             from hicache_ops.trace.run import check_fault, run_embedded
 
             check_fault(kind, inject)
@@ -146,6 +159,7 @@ def _command(kind: str):
         flush: Annotated[bool, typer.Option("--flush", help="With --serve: flush L1/L2 first.")] = False,
         inject: InjectOption = None,
         step: StepOption = False,
+        allow_writes: AllowWritesOption = False,
         page_size: PageSizeOption = 16,
         preset: Annotated[str, typer.Option("--preset", help="Embedded engine geometry preset.")] = "tiny",
         device_tokens: Annotated[int, typer.Option("--device-tokens", help="Embedded L1 tokens per rank.")] = 4096,
@@ -173,7 +187,7 @@ def _command(kind: str):
             dict(preset=preset, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
                  sglang_version=sglang_version, model_name=model_name, extra_backend_tag=extra_backend_tag,
                  write_policy=write_policy, stop_policy=stop_policy, prefetch_threshold=prefetch_threshold, layout=layout),
-            extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given,
+            extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given, allow_writes,
         )
 
     command.__doc__ = {

@@ -36,6 +36,7 @@ class TraceRequest(BaseModel):
     extra_key: str | None = None
     cache_salt: str | None = None
     flush: bool = Field(False, description="Flush L1 and L2 first (to trace the L3 path).")
+    observe: bool = Field(False, description="read only: observe the read path without changing the cache (docs: hicache_ops/trace/observe.py).")
 
 
 def _error(status: int, err: HicacheError) -> JSONResponse:
@@ -82,7 +83,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         """Run the write or read path of one prompt on this instance, step by step."""
         if kind not in ("write", "read"):
             raise InputError(f"trace kind {kind!r} is neither write nor read.")
-        return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush)
+        if req.observe and (kind != "read" or req.flush):
+            raise InputError("observe applies to a read trace without flush: anything else changes the cache.")
+        return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush, observe=req.observe)
 
     @app.post("/flush_cache")
     def flush_cache() -> dict:

@@ -134,8 +134,10 @@ class ServeClient:
         body = {"input_ids": list(map(int, input_ids)), "extra_key": extra_key, "cache_salt": cache_salt}
         return self._call("POST", "/v1/prefetch", work=True, json=body)
 
-    def trace(self, kind: str, input_ids: list[int], extra_key: str | None = None, cache_salt: str | None = None, flush: bool = False) -> dict:
-        body = {"input_ids": list(map(int, input_ids)), "extra_key": extra_key, "cache_salt": cache_salt, "flush": flush}
+    def trace(self, kind: str, input_ids: list[int], extra_key: str | None = None, cache_salt: str | None = None, flush: bool = False,
+              observe: bool = False) -> dict:
+        body = {"input_ids": list(map(int, input_ids)), "extra_key": extra_key, "cache_salt": cache_salt, "flush": flush,
+                "observe": observe}
         return self._call("POST", f"/v1/trace/{kind}", work=True, json=body)
 
     def flush(self) -> dict:
