@@ -44,8 +44,8 @@ ServeOption = Annotated[
 StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
 AllowWritesOption = Annotated[
     bool,
-    typer.Option("--allow-writes", help="With --serve: let the trace change the serve (write, prefill, --flush); "
-                 "without it a read is only observed."),
+    typer.Option("--allow-writes", help="With --serve: run the real path, which changes the serve (prefill, backup, L3 writes, --flush); "
+                 "without it the path is only observed."),
 ]
 
 
@@ -93,10 +93,9 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
             if engine_flags_given:
                 raise InputError(f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
                                  hint="Drop them, or trace without --serve.")
-            if not allow_writes and (kind == "write" or flush):
-                what = "a write trace prefills the prompt and backs it up to L3" if kind == "write" else "--flush drops the serve's L1 and L2"
-                raise InputError(f"{what}: that changes the serve; pass --allow-writes if you mean it.",
-                                 hint="Without it, `trace read --serve` observes the read path and changes nothing.")
+            if flush and not allow_writes:
+                raise InputError("--flush drops the serve's L1 and L2: that changes the serve; pass --allow-writes if you mean it.",
+                                 hint="Without --allow-writes a trace on a serve observes the path and changes nothing.")
             from hicache_ops import interrupt
             from hicache_ops.server.client import ServeClient
             from hicache_ops.trace.run import check_traceable

@@ -36,7 +36,7 @@ class TraceRequest(BaseModel):
     extra_key: str | None = None
     cache_salt: str | None = None
     flush: bool = Field(False, description="Flush L1 and L2 first (to trace the L3 path).")
-    observe: bool = Field(False, description="read only: observe the read path without changing the cache (docs: hicache_ops/trace/observe.py).")
+    observe: bool = Field(False, description="Read only: observe the path without changing the cache (hicache_ops/trace/observe.py).")
 
 
 def _error(status: int, err: HicacheError) -> JSONResponse:
@@ -83,8 +83,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         """Run the write or read path of one prompt on this instance, step by step."""
         if kind not in ("write", "read"):
             raise InputError(f"trace kind {kind!r} is neither write nor read.")
-        if req.observe and (kind != "read" or req.flush):
-            raise InputError("observe applies to a read trace without flush: anything else changes the cache.")
+        if req.observe and req.flush:
+            raise InputError("observe and flush contradict each other: a flush changes the cache.")
         return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush, observe=req.observe)
 
     @app.post("/flush_cache")

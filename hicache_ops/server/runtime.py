@@ -179,7 +179,7 @@ class Runtime:
     def trace(self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False, observe: bool = False) -> dict:
         """Trace the write or read path of a prompt on this instance (same shape as embedded runs);
         `observe`: the read path looked at without changing the cache (trace/observe.py)."""
-        from ..trace.observe import observe_read
+        from ..trace.observe import observe_read, observe_write
         from ..trace.steps import trace_read, trace_write
         from ..trace.run import TraceRun, diagnosis_causes
 
@@ -187,7 +187,8 @@ class Runtime:
             self.cache.flush()
         run = TraceRun(kind, None, scenario={"serve": self.describe(), "flushed": flush, "read_only": observe})
         if kind == "write":
-            run.steps = trace_write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
+            write = observe_write if observe else trace_write
+            run.steps = write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
         else:
             metrics = self.started.get("metrics_address")
             diagnose = (lambda: diagnosis_causes(tokens, self.spec, metrics, extra_key, cache_salt)) if metrics else None

@@ -140,3 +140,48 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
     t.add("verdict", PASS, f"a request would reuse {device} device, {host} host and {done} L3 page(s) of {n}",
           detail={"device_pages": device, "host_pages": host, "storage_pages": done, "pages": n, "read_only": True})
     return t.steps
+
+
+def observe_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None) -> list[Step]:
+    """What the write path would do for this prompt now, without doing it: the local state, the
+    write policy's decision (hit counts as this request would leave them) and which objects L3
+    already holds. Nothing is computed, backed up or put."""
+    t = Tracer(cache, on_step)
+    cfg = cache.config
+    with cache.lock:
+        arr = np.asarray(tokens, dtype=np.uint64)
+        tree_keys, storage_keys = cache.keys_for(arr, extra_key, cache_salt)
+        n = len(tree_keys)
+        matched = cache.tree.match(tree_keys)
+        if matched:
+            t.add("local state", INFO, f"{len(matched)} of {n} pages are already cached (device or host); only the rest "
+                  "would be computed", detail={"device_pages": sum(1 for m in matched if m.on_device),
+                                               "host_pages": sum(1 for m in matched if not m.on_device), "read_only": True})
+        # After this request: matched pages one more hit, computed pages their first.
+        hits_after = [m.hit_count + 1 for m in matched] + [1] * (n - len(matched))
+        pending = [h for m, h in zip(matched + [None] * (n - len(matched)), hits_after) if m is None or not m.backed_up]
+        threshold = pol.write_through_threshold(cfg.write_policy)
+        due = [h for h in pending if threshold is not None and h >= threshold]
+        detail = {"policy": cfg.write_policy, "threshold_hits": threshold, "hit_counts": sorted(set(hits_after)),
+                  "due_pages": len(due), "already_backed_up": n - len(pending), "read_only": True}
+        if pending and not due:
+            why = (
+                "write_back copies a page to host only when it leaves the GPU, and nothing would be evicted"
+                if cfg.write_policy == "write_back"
+                else f"{cfg.write_policy} backs a page up on hit {threshold}; these pages would have {sorted(set(pending))} hit(s)"
+            )
+            t.add("write policy", FAIL, f"{cfg.write_policy}: no page would be backed up now ({why})", detail=detail,
+                  causes=[why, "L3 gets a page only after its host backup: use write_through, or reuse the prefix again",
+                          "an instance-local L2 hit is not yet a cross-instance hit"])
+            return t.steps
+        t.add("write policy", PASS, f"{cfg.write_policy}: {len(due)} page(s) would be due for backup"
+              + (f", {detail['already_backed_up']} already backed up" if detail["already_backed_up"] else ""),
+              invariant="pages reaching the policy's hit threshold are backed up", detail=detail)
+        if cache.l3 is None:
+            t.add("L3", SKIP, "this cache has no L3 tier: the write path ends in host memory")
+            return t.steps
+        rank_hits = cache.l3.contiguous_hits(storage_keys)
+    stored = min(rank_hits) if rank_hits else 0
+    t.add("L3", INFO, f"L3 already holds {stored} of {n} pages on every rank (per rank {rank_hits}); a write would put the rest",
+          detail={"rank_hits": rank_hits, "pages": n, "read_only": True})
+    return t.steps

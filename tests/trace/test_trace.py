@@ -107,7 +107,10 @@ def test_against_a_running_serve(tmp_path):
     serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
     try:
         ids = ",".join(map(str, TOKENS))
-        refused = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        observed = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        assert [json.loads(line)["name"] for line in observed.stdout.splitlines()] == ["write policy", "L3"]
+        assert serve.client.stats()["stats"]["requests"] == 0  # observed, not written
+        refused = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
         assert refused.exit_code == 2 and "--allow-writes" in json.loads(refused.stdout)["error"]["message"]
         write = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"])
         assert write.exit_code == 0, write.stdout
