@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -75,9 +76,12 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
 
     Mooncake's client logs through glog straight to fd 2 and ignores GLOG_* variables before its
     own initialisation; this keeps a command's output readable. Yields the log file's path.
+    Without `log_dir` the file lives in a temporary folder that is removed when the block ends
+    well; when it raises, the folder is kept and its path printed (the log explains the failure).
     `restore=False` leaves fd 2 on the file for the rest of the process (a command that ends
-    right after, whose Mooncake destructors still log at interpreter exit).
+    right after, whose Mooncake destructors still log at interpreter exit); give it a `log_dir`.
     """
+    temporary = log_dir is None
     folder = log_dir or tempfile.mkdtemp(prefix="hicache-")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
@@ -88,8 +92,12 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
     os.dup2(log_fd, 2)
     os.close(log_fd)
     sys.stderr = os.fdopen(os.dup(saved_fd), "w", buffering=1)
+    failed = False
     try:
         yield path
+    except BaseException:
+        failed = True
+        raise
     finally:
         if restore:
             sys.stderr.flush()
@@ -97,3 +105,8 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
             sys.stderr = saved_stream
             os.dup2(saved_fd, 2)
         os.close(saved_fd)
+        if temporary and restore:
+            if failed and os.path.getsize(path):
+                stderr.print(f"[dim]Mooncake's native log: {path}[/]", highlight=False)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)

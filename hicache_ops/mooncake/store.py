@@ -149,6 +149,15 @@ def raise_for_codes(codes: Sequence[int], keys: Sequence[str], *, op: str, maste
             raise error_for(code, op=op, key=key, master=master)
 
 
+def check_fits_in_memory(nbytes: int, what: str) -> None:
+    """Mooncake allocates a segment whole at set-up; one larger than this machine's memory fails
+    there in a way that looks like an unreachable master, so refuse it first (InputError)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nbytes > total:
+        raise InputError(f"{what} needs {nbytes / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB of memory.",
+                         hint="Use a smaller size.")
+
+
 def ecma_escape(text: str) -> str:
     """Escape `text` for an ECMAScript regex (Mooncake's remove_by_regex) so it matches literally."""
     return "".join("\\" + ch if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)

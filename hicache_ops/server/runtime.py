@@ -7,6 +7,9 @@ included, whatever failed in between.
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -16,6 +19,55 @@ from ..mooncake.net import parse_host_port
 
 DEFAULT_PORT = 18080
 DEFAULT_SEGMENT_BYTES = 256 * 2**20
+
+
+def check_device(device: str, tp_size: int) -> str:
+    """--device: auto, cpu, cuda or cuda:N, and CUDA only where there is as much of it as asked."""
+    if device in ("auto", "cpu"):
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise InputError(f"--device {device!r} is not auto, cpu, cuda or cuda:N.")
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wanted = tp_size if device == "cuda" else int(device[5:]) + 1
+    if available < wanted:
+        raise InputError(f"--device {device} needs {wanted} CUDA device(s) and this machine has {available}.",
+                         hint="Use --device cpu (or auto).")
+    return device
+
+
+def check_log_dir(log_dir: str | None) -> None:
+    if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise InputError(f"--log-dir {log_dir!r} is a file, not a folder.")
+
+
+def check_segment(segment_bytes: int) -> None:
+    from ..mooncake.store import check_fits_in_memory
+
+    if segment_bytes <= 0:
+        raise InputError(f"--segment-mb {segment_bytes // 2**20} must be > 0.")
+    check_fits_in_memory(segment_bytes, f"--segment-mb {segment_bytes // 2**20}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """That `host:port` can be bound now, with the reason when not (bad address, port in use)."""
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port} is not a TCP port (1-65535).")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError):
+        raise InputError(f"--host {host!r} is not an address or a name this machine can resolve.",
+                         hint="Use 127.0.0.1 (the default) or an address of this machine.") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InputError(f"cannot listen on {host}:{port}: the port is in use.", hint="Pick another --port.") from None
+            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}.",
+                             hint="--host must be an address of this machine (127.0.0.1 by default).") from None
 
 
 @dataclass(frozen=True)

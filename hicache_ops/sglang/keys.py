@@ -336,6 +336,11 @@ class Deployment:
     layout: str = "page_first"
     tp_lcm_size: int | None = None
 
+    def __post_init__(self) -> None:
+        for flag, value in (("--tp-size", self.tp_size), ("--pp-size", self.pp_size)):
+            if value < 1:
+                raise InputError(f"{flag} {value} must be >= 1 (a deployment has at least one rank).")
+
     def schemes(self) -> list[ObjectKeyScheme]:
         """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
         tp_ranks = range(self.tp_size) if self.tp_rank is None else [self.tp_rank]
