@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,7 +56,11 @@ def print_error(err: HicacheError, json_output: bool) -> None:
 
 @contextmanager
 def reporting(json_output: bool) -> Iterator[None]:
-    """Turn the library's known errors into one clear message and their exit code."""
+    """Turn the library's known errors into one clear message and their exit code; SIGTERM ends a
+    command like Ctrl-C (one line, exit 130) unless the command installed its own stop handling."""
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:
         yield
     except HicacheError as err:
@@ -68,6 +74,13 @@ def reporting(json_output: bool) -> Iterator[None]:
 
         print_error(Interrupted("interrupted before it finished; nothing more was done."), json_output)
         raise typer.Exit(130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
 
 
 @contextmanager
