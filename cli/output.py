@@ -90,7 +90,8 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
     Mooncake's client logs through glog straight to fd 2 and ignores GLOG_* variables before its
     own initialisation; this keeps a command's output readable. Yields the log file's path.
     Without `log_dir` the file lives in a temporary folder that is removed when the block ends
-    well; when it raises, the folder is kept and its path printed (the log explains the failure).
+    well or is interrupted; when it fails and the log says something, the folder is kept and its
+    path printed (the log explains the failure).
     `restore=False` leaves fd 2 on the file for the rest of the process (a command that ends
     right after, whose Mooncake destructors still log at interpreter exit); give it a `log_dir`.
     """
@@ -108,7 +109,7 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
     failed = False
     try:
         yield path
-    except BaseException:
+    except Exception:  # an interrupt is not a failure the log would explain
         failed = True
         raise
     finally:

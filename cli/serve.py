@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -137,22 +138,24 @@ def serve(
         # --keep-logs; a serve that fails keeps it and prints its path.
         folder = log_dir or tempfile.mkdtemp(prefix="hicache-serve-")
         remove = log_dir is None and not keep_logs
-        clean = False
+        failed = False
         try:
             with native_stderr_to_file(folder, restore=False) as native_log:
-                clean = _run(spec, target, segment_mb, folder, host, port, native_log, inject_l3_latency_ms / 1e3, remove)
+                _run(spec, target, segment_mb, folder, host, port, native_log, inject_l3_latency_ms / 1e3, remove)
+        except Exception:  # an interrupt is not a failure the logs would explain
+            failed = True
+            raise
         finally:
-            if remove and clean:
+            # A serve that failed before Mooncake logged anything has nothing to keep.
+            said_nothing = all(entry.stat().st_size == 0 for entry in os.scandir(folder))
+            if remove and (not failed or said_nothing):
                 shutil.rmtree(folder, ignore_errors=True)
             elif log_dir is None:
                 stderr.print(f"logs kept in {folder}", highlight=False)
 
 
-def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float, remove_logs: bool) -> bool:
-    """Serve until stopped; True when everything stopped cleanly."""
+def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float, remove_logs: bool) -> None:
     from hicache_ops.server.runtime import Runtime
-
-    import logging
 
     # The L3 watch logs the tier going down or up again; sys.stderr is the terminal here.
     handler = logging.StreamHandler(sys.stderr)
@@ -161,7 +164,6 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
     logging.getLogger("hicache").setLevel(logging.INFO)
 
     runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
-    closed = True
     try:
         import uvicorn
 
@@ -189,4 +191,3 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
         if remove_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
         os._exit(0)
-    return True
