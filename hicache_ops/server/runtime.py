@@ -148,7 +148,8 @@ class Runtime:
 
     def stop(self) -> bool:
         """Take down what start() started. False when L3 was down and the store client was
-        abandoned rather than closed (docs/mooncake.md): the process must then end with os._exit."""
+        abandoned rather than closed (docs/mooncake.md, "A master that dies under its clients"): the
+        process must then end with os._exit."""
         health, self.l3_health = self.l3_health, None
         if health is not None:
             health.stop()
