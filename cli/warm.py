@@ -16,7 +16,6 @@ from .options import (
     ExtraKeyOption,
     JsonOption,
     ModelNameOption,
-    PageSizeOption,
     SglangVersionOption,
     TokenizerOption,
 )

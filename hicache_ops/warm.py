@@ -181,9 +181,9 @@ def warm_serve(
             start = time.perf_counter()
             try:
                 result = client.prefill(prompt.input_ids, ek, cs, backup=True)
+            except UnreachableError:
+                raise  # the serve is gone: run_pool stops starting prompts
             except HicacheError as exc:
-                if isinstance(exc, UnreachableError):
-                    raise
                 outcome.status, outcome.reason = FAILED, exc.message
                 return
             outcome.seconds = time.perf_counter() - start
@@ -218,10 +218,7 @@ def run_pool(plans, work: Callable, concurrency: int, report: WarmReport, *, gra
             try:
                 work(plan)
                 finished.put((plan, None))
-            except UnreachableError as exc:
-                halt.set()
-                finished.put((plan, exc))
-            except BaseException as exc:  # reported by the caller's thread, not lost in this one
+            except BaseException as exc:  # handed to the caller's thread, not lost in this one
                 halt.set()
                 finished.put((plan, exc))
 
