@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -77,7 +78,7 @@ def test_serve_removes_its_temporary_logs_unless_kept(tmp_path):
                 except UnreachableError:
                     assert proc.poll() is None and time.monotonic() < deadline
                     time.sleep(0.2)
-            assert folder.startswith("/tmp/hicache-serve-")
+            assert folder.startswith(os.path.join(tempfile.gettempdir(), "hicache-serve-"))
         finally:
             proc.terminate()
             err = proc.communicate(timeout=60)[1]
