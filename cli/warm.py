@@ -82,7 +82,7 @@ def warm(
 
         check_timeout(timeout)
         if migrate_prefix is not None:
-            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, json_output)
+            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, timeout, json_output)
             return
         if prompts is None:
             raise InputError("give a PROMPTS file (JSONL with input_ids), or --migrate-prefix FROM TO.")
@@ -145,7 +145,7 @@ def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_siz
                        on_progress=advance)
 
 
-def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
+def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -> None:
     from hicache_ops.mooncake.store import StoreClient
     from hicache_ops.warm import migrate_prefix
 
@@ -156,8 +156,8 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
 
     from .output import native_stderr_to_file
 
-    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0) as store:
-        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run)
+    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0, setup_timeout=timeout) as store:
+        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run, timeout_s=timeout)
     data = report.to_json()
 
     def render(d: dict) -> None:

@@ -404,6 +404,7 @@ def migrate_prefix(
     remove_old: bool = False,
     dry_run: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    timeout_s: float = 3.0,
 ) -> MigrationReport:
     """Copy every page object `{source}{page_key}_{suffix}` to `{target}{page_key}_{suffix}`,
     verify the copy byte for byte, and remove the originals only with `remove_old`.
@@ -419,7 +420,7 @@ def migrate_prefix(
         if value and not value.endswith("_"):
             raise InputError(f"--migrate-prefix {name} {value!r} should end with '_' as SGLang's prefixes do.",
                              hint="For example Qwen-Qwen3-0.6B_ (empty for unprefixed keys).")
-    with AdminClient(master) as admin:
+    with AdminClient(master, timeout=timeout_s) as admin:
         keys = [k for k in admin.get_all_keys() if k.startswith(source) and _is_page_object(k[len(source):])]
     report = MigrationReport(source, target, objects=len(keys), dry_run=dry_run)
     if dry_run or not keys:
