@@ -63,14 +63,16 @@ def run(
     try_cache_salt: Annotated[
         list[str] | None, typer.Option("--try-cache-salt", help="Another cache_salt to look for (repeatable).", show_default=False)
     ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the serve.")] = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Run a playbook's checks in order and stop at the first finding (exit 1 on a finding)."""
+    """Run a playbook's checks in order and stop at the first finding (exit 1 on a finding). Checks only observe."""
     with reporting(json_output):
+        from hicache_ops import interrupt
         from hicache_ops.playbook import load_playbook, run_playbook, variables_from
 
         book = load_playbook(name)
-        values = variables_from(serve, master, config, prompt, server_args, try_extra_key or [], try_cache_salt or [])
+        values = variables_from(serve, master, config, prompt, server_args, try_extra_key or [], try_cache_salt or [], timeout)
         if not json_output:
             stdout.print(f"[bold]{book.title}[/]\n[dim]{book.symptom}[/]", highlight=False)
 
@@ -79,11 +81,15 @@ def run(
                 note = f"  [dim]{outcome.note}[/]" if outcome.note else ""
                 stdout.print(f"  {_MARK[outcome.status]}  {outcome.title}{note}", highlight=False)
 
-        result = run_playbook(book, values, on_check=on_check)
+        with interrupt.stop_on_signals():
+            result = run_playbook(book, values, on_check=on_check)
         data = result.to_json()
 
         def render(d: dict) -> None:
             finding = d["finding"]
+            if d["interrupted"]:
+                stdout.print(f"\n[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]", highlight=False)
+                return
             if finding is None:
                 verdict = "every check is clear" if d["status"] == "pass" else "no finding, but some checks could not run"
                 stdout.print(f"\n[bold green]{verdict}.[/]" if d["status"] == "pass" else f"\n[yellow]{verdict}.[/]", highlight=False)
@@ -98,5 +104,11 @@ def run(
             emit(data, True, render)
         else:
             render(data)
+        if result.interrupted:
+            raise typer.Exit(interrupt.EXIT_CODE)
         if result.status == "finding":
             raise typer.Exit(1)
+        errors = [c.exit for c in result.checks if c.status == "error"]
+        if errors:
+            # A check that could not run (its service unreachable, its input refused) is not "clear".
+            raise typer.Exit(3 if {3, 124} & set(errors) else 2)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from .options import CacheSaltOption, ExtraKeyOption, JsonOption, TokenizerOption
-from .output import emit, reporting, stdout
+from .output import emit, reporting, stderr, stdout
 
 
 def _render(data: dict) -> None:
@@ -29,18 +29,26 @@ def prefetch(
     serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance.")] = "http://127.0.0.1:18080",
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the serve.")] = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Ask a serve instance to prefetch each prompt from L3 into its host pool."""
+    """Ask a serve instance to prefetch each prompt from L3 into its host pool; Ctrl-C stops with what was done."""
     with reporting(json_output):
+        from hicache_ops import interrupt
         from hicache_ops.prefetch import prefetch_prompts
         from hicache_ops.server.client import ServeClient
         from hicache_ops.tokens import Tokenizer, read_prompts
 
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
-        with ServeClient(serve, timeout_s=300) as client:
-            config, rows = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt)
-        data = {"serve": serve, "stop_policy": config["stop_policy"], "prompts": [r.to_json() for r in rows]}
+        with interrupt.stop_on_signals(), ServeClient.open(serve, timeout_s=timeout) as client:
+            report = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt)
+        rows = report.rows
+        data = {"serve": serve, "stop_policy": report.config["stop_policy"], "interrupted": report.interrupted,
+                "prompts": [r.to_json() for r in rows]}
         emit(data, json_output, _render)
+        if report.interrupted:
+            stderr.print(f"[bold yellow]interrupted[/] ({report.interrupted}) after {len(rows)} of {len(items)} prompt(s).",
+                         highlight=False)
+            raise typer.Exit(interrupt.EXIT_CODE)
         if any(not r.verified for r in rows):
             raise typer.Exit(1)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import signal
-import socket
+import sys
+import tempfile
 from typing import Annotated
 
 import typer
@@ -22,15 +26,6 @@ class _StopRequested(Exception):
 
 def _stop_requested(signum, frame) -> None:
     raise _StopRequested()
-
-
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}.", hint="Pick another --port.") from None
 
 
 def _panel(info: dict, url: str) -> Panel:
@@ -94,7 +89,8 @@ def serve(
     ] = "embedded",
     segment_mb: Annotated[int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).")] = 256,
     device: Annotated[str, typer.Option("--device", help="auto (GPUs when there are tp-size), cpu, or cuda.")] = "auto",
-    log_dir: Annotated[str | None, typer.Option("--log-dir", help="Folder for the master's log.", show_default=False)] = None,
+    log_dir: Annotated[str | None, typer.Option("--log-dir", help="Folder for the master's and the client's logs (kept).", show_default=False)] = None,
+    keep_logs: Annotated[bool, typer.Option("--keep-logs", help="Without --log-dir: keep the temporary log folder (its path is printed).")] = False,
     inject_l3_latency_ms: Annotated[
         float, typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).")
     ] = 0.0,
@@ -103,16 +99,16 @@ def serve(
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.sglang.geometry import preset as load_preset
-        from hicache_ops.server.runtime import L3Target
+        from hicache_ops.server.runtime import L3Target, check_device, check_listen, check_log_dir, check_segment
         from hicache_ops.sglang.versions import default_version, validate_version
 
         geometry = load_preset(preset)
         if dtype is not None:
             geometry = geometry.with_dtype(dtype)
-        if not 0 < port < 65536:
-            raise InputError(f"--port {port} is not a TCP port (1-65535).")
-        if segment_mb <= 0:
-            raise InputError(f"--segment-mb {segment_mb} must be > 0.")
+        check_segment(segment_mb * 2**20)
+        check_log_dir(log_dir)
+        if keep_logs and log_dir is not None:
+            raise InputError("--keep-logs applies without --log-dir; a --log-dir is always kept.")
         if inject_l3_latency_ms < 0:
             raise InputError(f"--inject-l3-latency-ms {inject_l3_latency_ms} must be >= 0.")
         spec = EngineSpec(
@@ -130,20 +126,42 @@ def serve(
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,
             tp_size=tp_size,
-            torch_device="auto" if device == "auto" else device,
+            torch_device=check_device(device, tp_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
         target = L3Target.parse(l3)
-        _check_port_free(host, port)
+        check_listen(host, port)
         if host not in ("127.0.0.1", "localhost", "::1"):
             stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
 
-        with native_stderr_to_file(log_dir, restore=False) as native_log:
-            _run(spec, target, segment_mb, log_dir, host, port, native_log, inject_l3_latency_ms / 1e3)
+        # Without --log-dir the logs go to a temporary folder, removed at a clean stop unless
+        # --keep-logs; a serve that fails keeps it and prints its path.
+        folder = log_dir or tempfile.mkdtemp(prefix="hicache-serve-")
+        remove = log_dir is None and not keep_logs
+        failed = False
+        try:
+            with native_stderr_to_file(folder, restore=False) as native_log:
+                _run(spec, target, segment_mb, folder, host, port, native_log, inject_l3_latency_ms / 1e3, remove)
+        except Exception:  # an interrupt is not a failure the logs would explain
+            failed = True
+            raise
+        finally:
+            # A serve that failed before Mooncake logged anything has nothing to keep.
+            said_nothing = all(entry.stat().st_size == 0 for entry in os.scandir(folder))
+            if remove and (not failed or said_nothing):
+                shutil.rmtree(folder, ignore_errors=True)
+            elif log_dir is None:
+                stderr.print(f"logs kept in {folder}", highlight=False)
 
 
-def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float) -> None:
+def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float, remove_logs: bool) -> None:
     from hicache_ops.server.runtime import Runtime
+
+    # The L3 watch logs the tier going down or up again; sys.stderr is the terminal here.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s hicache serve: %(message)s", "%H:%M:%S"))
+    logging.getLogger("hicache").addHandler(handler)
+    logging.getLogger("hicache").setLevel(logging.INFO)
 
     runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
     try:
@@ -163,5 +181,13 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
         except _StopRequested:
             pass
     finally:
-        runtime.stop()
+        closed = runtime.stop()
         stderr.print("hicache serve stopped; everything it started is down.", highlight=False)
+    if not closed:
+        # L3 was down: Mooncake's client close would block ~15 s for a master that is gone, and
+        # its segment went with the master; end without running its destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if remove_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        os._exit(0)

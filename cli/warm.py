@@ -16,7 +16,6 @@ from .options import (
     ExtraKeyOption,
     JsonOption,
     ModelNameOption,
-    PageSizeOption,
     SglangVersionOption,
     TokenizerOption,
 )
@@ -42,12 +41,15 @@ def _render(data: dict) -> None:
     )
     if data["error"]:
         stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", highlight=False)
+    if data["interrupted"]:
+        stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
+                     "verified. Rerun to resume: finished prompts are skipped.", highlight=False)
 
 
 def warm(
     prompts: Annotated[str | None, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", show_default=False)] = None,
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance to warm through.")] = "http://127.0.0.1:18080",
+    serve: Annotated[str | None, typer.Option("--serve", help="The hicache serve instance to warm through [default: http://127.0.0.1:18080].", show_default=False)] = None,
     sglang_url: Annotated[str | None, typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead.", show_default=False)] = None,
     master: Annotated[str | None, typer.Option("--master", help="Mooncake master HOST:METRICS_PORT (with --sglang-url or --migrate-prefix).", show_default=False)] = None,
     model_name: ModelNameOption = None,
@@ -55,10 +57,10 @@ def warm(
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
     sglang_version: SglangVersionOption = None,
-    page_size: PageSizeOption = 64,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="With --sglang-url: the server's attention TP size.")] = 1,
+    page_size: Annotated[int | None, typer.Option("--page-size", help="With --sglang-url: the server's page size [default: 64].", show_default=False)] = None,
+    tp_size: Annotated[int | None, typer.Option("--tp-size", help="With --sglang-url: the server's attention TP size [default: 1].", show_default=False)] = None,
     mla: Annotated[bool, typer.Option("--mla", help="With --sglang-url: an MLA model.")] = False,
-    prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="With --sglang-url: the server's prefetch threshold (for the report).")] = 256,
+    prefetch_threshold: Annotated[int | None, typer.Option("--prefetch-threshold", help="With --sglang-url: the server's prefetch threshold (for the report) [default: 256].", show_default=False)] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.")] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Allow synthetic KV into an existing Mooncake cluster.")] = False,
@@ -71,12 +73,16 @@ def warm(
         str | None,
         typer.Option("--rpc", envvar="MOONCAKE_MASTER", help="With --migrate-prefix: the master's HOST:RPC_PORT (default $MOONCAKE_MASTER).", show_default=False),
     ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the serve, SGLang server or master.")] = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Fill an L3 namespace with prompts and verify every object landed; reruns resume."""
+    """Fill an L3 namespace with prompts and verify every object landed; Ctrl-C stops with a summary; reruns resume."""
     with reporting(json_output):
+        from hicache_ops.server.client import DEFAULT_URL, check_timeout
+
+        check_timeout(timeout)
         if migrate_prefix is not None:
-            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, json_output)
+            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, timeout, json_output)
             return
         if prompts is None:
             raise InputError("give a PROMPTS file (JSONL with input_ids), or --migrate-prefix FROM TO.")
@@ -84,43 +90,62 @@ def warm(
             raise InputError(f"--concurrency {concurrency} must be >= 1.")
         if remove_old:
             raise InputError("--remove-old only applies to --migrate-prefix.")
+        if sglang_url is not None and serve is not None:
+            raise InputError("--serve and --sglang-url name two targets; give one.")
+        if sglang_url is None:
+            sglang_only = {"--page-size": page_size, "--tp-size": tp_size, "--prefetch-threshold": prefetch_threshold,
+                           "--mla": mla or None, "--master": master}
+            given = [name for name, value in sglang_only.items() if value is not None]
+            if given:
+                raise InputError(f"{', '.join(given)} only apply with --sglang-url; a serve uses its own settings and master.",
+                                 hint="Drop them, or warm through --sglang-url.")
+        from hicache_ops import interrupt
         from hicache_ops.tokens import Tokenizer, read_prompts
 
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
-        with _progress(len(items), json_output) as advance:
+        with interrupt.stop_on_signals(), _progress(len(items), json_output) as advance:
             if sglang_url is not None:
-                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, sglang_version, page_size,
-                                      tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency, dry_run, advance)
+                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, sglang_version,
+                                      64 if page_size is None else page_size, 1 if tp_size is None else tp_size, mla,
+                                      extra_key, cache_salt, 256 if prefetch_threshold is None else prefetch_threshold,
+                                      concurrency, dry_run, timeout, advance)
             else:
                 from hicache_ops.server.client import ServeClient
                 from hicache_ops.warm import warm_serve
 
                 expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag, "sglang_version": sglang_version}
-                with ServeClient(serve, timeout_s=300) as client:
+                with ServeClient.open(serve or DEFAULT_URL, timeout_s=timeout) as client:
                     report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
                                         concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
         data = report.to_json()
         emit(data, json_output, _render)
+        if report.interrupted:
+            raise typer.Exit(interrupt.EXIT_CODE)
         if report.error:
             raise typer.Exit(3)
         if not report.complete and not dry_run:
             raise typer.Exit(1)
 
 
-def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, advance):
+def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, timeout, advance):
     from hicache_ops.inspect.keys import Deployment
     from hicache_ops.sglang.versions import default_version, validate_version
     from hicache_ops.warm import warm_sglang
 
     if master is None:
         raise InputError("--sglang-url needs --master HOST:METRICS_PORT to check what SGLang wrote.")
+    if page_size < 1:
+        raise InputError(f"--page-size {page_size} must be >= 1.")
+    if tp_size < 1:
+        raise InputError(f"--tp-size {tp_size} must be >= 1.")
     deployment = Deployment(version=validate_version(version or default_version()), model_name=model_name,
                             extra_backend_tag=tag, tp_size=tp_size, mla=mla)
     return warm_sglang(items, url, master, deployment, page_size, extra_key=extra_key, cache_salt=cache_salt,
-                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, on_progress=advance)
+                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, timeout_s=timeout,
+                       on_progress=advance)
 
 
-def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
+def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -> None:
     from hicache_ops.mooncake.store import StoreClient
     from hicache_ops.warm import migrate_prefix
 
@@ -131,8 +156,8 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
 
     from .output import native_stderr_to_file
 
-    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0) as store:
-        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run)
+    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0, setup_timeout=timeout) as store:
+        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run, timeout_s=timeout)
     data = report.to_json()
 
     def render(d: dict) -> None:

@@ -97,3 +97,18 @@ def freeze_process():
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def silent_server():
+    """ "127.0.0.1:PORT" of a listening socket that accepts connections (the kernel's backlog) and
+    never answers: a server that is up but silent."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    try:
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()

@@ -9,7 +9,7 @@ import typer
 from hicache_ops.errors import InputError
 
 from ..options import JsonOption
-from ..output import emit, reporting, stdout
+from ..output import emit, native_stderr_to_file, reporting, stdout
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -58,4 +58,6 @@ def store(
         from hicache_ops.bench.store import DEFAULT_CASES, bench_store
 
         cases = [_size(c) for c in case] if case else list(DEFAULT_CASES)
-        emit(bench_store(cases, rounds=rounds), json_output, _render)
+        with native_stderr_to_file(None, "bench_store_mooncake.log"):
+            data = bench_store(cases, rounds=rounds)
+        emit(data, json_output, _render)

@@ -42,6 +42,11 @@ ServeOption = Annotated[
     typer.Option("--serve", help="Trace on a running `hicache serve` (URL) instead of an embedded engine.", show_default=False),
 ]
 StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
+AllowWritesOption = Annotated[
+    bool,
+    typer.Option("--allow-writes", help="With --serve: run the real path, which changes the serve (prefill, backup, L3 writes, --flush); "
+                 "without it the path is only observed."),
+]
 
 
 def _render_step(step: dict) -> None:
@@ -72,25 +77,40 @@ def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
         sys.stdin.readline()
 
 
-def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_salt, inject, serve_url, flush, step, json_output) -> None:
+def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_salt, inject, serve_url, flush, step, json_output,
+           timeout: float, engine_flags_given: list[str], allow_writes: bool) -> None:
     with reporting(json_output):
+        from hicache_ops.server.client import check_timeout
         from hicache_ops.tokens import load_prompt
 
+        check_timeout(timeout)
         prompt = load_prompt(**prompt_args)
         extra_key = extra_key if extra_key is not None else prompt.extra_key
         cache_salt = cache_salt if cache_salt is not None else prompt.cache_salt
         if serve_url is not None:
             if inject is not None:
                 raise InputError("--inject works with the embedded engine only, not with --serve.")
+            if engine_flags_given:
+                raise InputError(f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
+                                 hint="Drop them, or trace without --serve.")
+            if flush and not allow_writes:
+                raise InputError("--flush drops the serve's L1 and L2: that changes the serve; pass --allow-writes if you mean it.",
+                                 hint="Without --allow-writes a trace on a serve observes the path and changes nothing.")
+            from hicache_ops import interrupt
             from hicache_ops.server.client import ServeClient
+            from hicache_ops.trace.run import check_traceable
 
-            with ServeClient(serve_url, timeout_s=120) as client:
-                run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush)
+            with ServeClient.open(serve_url, timeout_s=timeout) as client:
+                check_traceable(prompt.input_ids, client.stats()["config"]["page_size"])
+                with interrupt.stop_on_signals(), interrupt.cancellable():
+                    run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes)
             for s in run["steps"]:
                 _emit_step(s, json_output, step)
         else:
             if flush:
                 raise InputError("--flush applies to --serve; the embedded engine starts empty.")
+            if allow_writes:
+                raise InputError("--allow-writes applies to --serve; the embedded engine is a scratch instance of its own.")
             from hicache_ops.trace.run import check_fault, run_embedded
 
             check_fault(kind, inject)
@@ -126,6 +146,7 @@ def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name,
 
 def _command(kind: str):
     def command(
+        ctx: typer.Context,
         tokens: TokensOption = None,
         tokens_file: TokensFileOption = None,
         line: LineOption = None,
@@ -137,6 +158,7 @@ def _command(kind: str):
         flush: Annotated[bool, typer.Option("--flush", help="With --serve: flush L1/L2 first.")] = False,
         inject: InjectOption = None,
         step: StepOption = False,
+        allow_writes: AllowWritesOption = False,
         page_size: PageSizeOption = 16,
         preset: Annotated[str, typer.Option("--preset", help="Embedded engine geometry preset.")] = "tiny",
         device_tokens: Annotated[int, typer.Option("--device-tokens", help="Embedded L1 tokens per rank.")] = 4096,
@@ -150,15 +172,21 @@ def _command(kind: str):
         ] = "best_effort",
         prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Embedded prefetch threshold.")] = 256,
         layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Embedded host layout.")] = "page_first",
+        timeout: Annotated[float, typer.Option("--timeout", help="With --serve: seconds to wait for each answer of the serve.")] = 3.0,
         json_output: JsonOption = False,
     ) -> None:
+        engine_flags = {"page_size": "--page-size", "preset": "--preset", "device_tokens": "--device-tokens", "tp_size": "--tp-size",
+                        "sglang_version": "--sglang-version", "model_name": "--model-name", "extra_backend_tag": "--extra-backend-tag",
+                        "write_policy": "--hicache-write-policy", "stop_policy": "--hicache-storage-prefetch-policy",
+                        "prefetch_threshold": "--prefetch-threshold", "layout": "--hicache-mem-layout"}
+        given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
         _trace(
             kind,
             dict(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer),
             dict(preset=preset, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
                  sglang_version=sglang_version, model_name=model_name, extra_backend_tag=extra_backend_tag,
                  write_policy=write_policy, stop_policy=stop_policy, prefetch_threshold=prefetch_threshold, layout=layout),
-            extra_key, cache_salt, inject, serve, flush, step, json_output,
+            extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given, allow_writes,
         )
 
     command.__doc__ = {

@@ -392,6 +392,11 @@ class Deployment:
     dcp_rank: int | None = None
     page_size: int | None = None
 
+    def __post_init__(self) -> None:
+        for flag, value in (("--tp-size", self.tp_size), ("--pp-size", self.pp_size)):
+            if value < 1:
+                raise InputError(f"{flag} {value} must be >= 1 (a deployment has at least one rank).")
+
     def schemes(self) -> list[ObjectKeyScheme]:
         """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
         if self.dcp_size < 1:

@@ -190,3 +190,19 @@ def test_existing_cluster_needs_synthetic(serve, tmp_path):
         assert code == 0 and data["summary"]["written"] == 1
     finally:
         other.stop()
+
+
+def test_prefetch_cut_to_zero_is_not_verified(tmp_path):
+    slow = Serve(tmp_path, "--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32",
+                 "--hicache-storage-prefetch-policy", "best_effort", "--inject-l3-latency-ms", "500")
+    try:
+        prompts = write_prompts(tmp_path / "cut.jsonl", 1, seed=8, length=160)
+        assert warm_json(prompts, "--serve", slow.url)[0] == 0
+        slow.client.flush()
+        result = hicache(["prefetch", prompts, "--serve", slow.url, "--json"])
+        row = json.loads(result.stdout)["prompts"][0]
+        assert row["hit_pages"] == 10 and row["fetched_pages"] == 0
+        assert row["bytes"] == 0 and not row["verified"] and "cut to zero" in row["reason"]
+        assert result.exit_code == 1
+    finally:
+        slow.stop()
