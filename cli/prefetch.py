@@ -7,8 +7,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .options import CacheSaltOption, ExtraKeyOption, JsonOption, TokenizerOption
+from .help import examples
+from .options import CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TokenizerOption
 from .output import emit, reporting, stdout
+
+EXAMPLES = examples(
+    "hicache prefetch prompts.jsonl --serve http://127.0.0.1:18080",
+    "hicache prefetch prompts.jsonl --extra-key tenant-a --json",
+)
 
 
 def _render(data: dict) -> None:
@@ -24,11 +30,13 @@ def _render(data: dict) -> None:
 
 
 def prefetch(
-    prompts: Annotated[str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.")],
+    prompts: Annotated[
+        str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", metavar="PROMPTS")
+    ],
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance.")] = "http://127.0.0.1:18080",
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
+    serve: ServeOption = "http://127.0.0.1:18080",
     json_output: JsonOption = False,
 ) -> None:
     """Ask a serve instance to prefetch each prompt from L3 into its host pool."""

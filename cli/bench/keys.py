@@ -8,32 +8,37 @@ import typer
 
 from hicache_ops.errors import InputError
 
-from ..options import JsonOption
+from ..help import examples
+from ..options import JsonOption, PageSizeOption, RepeatsOption
 from ..output import emit, reporting, stdout
+
+EXAMPLES = examples(
+    "hicache bench keys",
+    "hicache bench keys --tokens 1048576 --page-size 16 --json",
+)
 
 
 def _render(data: dict) -> None:
     stdout.print(
         f"{data['tokens']:,} tokens, page size {data['page_size']}, best of {data['repeats']} "
         f"(native loop: {'yes' if data['native'] else 'no'})",
-        highlight=False,
     )
-    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
+    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s")
     if data["sglang_tokens_per_s"] is None:
-        stdout.print(f"  sglang       not measured: {data['sglang_error']}", highlight=False)
+        stdout.print(f"  sglang       not measured: {data['sglang_error']}")
         return
-    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
-    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)", highlight=False)
-    stdout.print(f"  same keys    {data['same_keys']}", highlight=False)
+    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s")
+    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)")
+    stdout.print(f"  same keys    {data['same_keys']}")
 
 
 def keys(
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to hash per run.")] = 4_194_304,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 64,
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs per side; the best counts.")] = 5,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to hash per run.", metavar="N")] = 4_194_304,
+    page_size: PageSizeOption = 64,
+    repeats: RepeatsOption = 5,
     json_output: JsonOption = False,
 ) -> None:
-    """Page-key throughput, ours beside SGLang's get_hash_str, in one run."""
+    """Page-key throughput, ours beside SGLang's get_hash_str, in one run (the best of --repeats counts)."""
     with reporting(json_output):
         if tokens < page_size or page_size <= 0 or repeats <= 0:
             raise InputError("--tokens must hold at least one page, and --page-size and --repeats must be > 0.")
