@@ -19,9 +19,17 @@ def examples(*commands: str) -> str:
     return "Examples\n\n" + "\n\n".join(f"  {command}" for command in commands)
 
 
+def _no_type_label(ctx: typer.Context) -> None:
+    return None
+
+
 def _label_values(params: list) -> list:
     for param in params:
-        if isinstance(param, TyperArgument) or param.metavar is not None:
+        if isinstance(param, TyperArgument):
+            # An argument's name (its metavar) already says what it is; drop the `<str>` column.
+            param.display_type_rich = _no_type_label
+            continue
+        if param.metavar is not None:
             continue
         if param.is_flag:
             param.metavar = ""

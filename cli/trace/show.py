@@ -116,7 +116,7 @@ def _render(s: dict) -> None:
 def show(
     files: Annotated[
         list[str],
-        typer.Argument(help="Tap recording(s): one per rank, as `hicache tap` names them.", metavar="FILE...",
+        typer.Argument(help="Tap recording(s): one per rank, as `hicache tap` names them.", metavar="FILE",
                        show_default=False),
     ],
     json_output: JsonOption = False,
