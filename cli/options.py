@@ -37,6 +37,10 @@ SglangVersion = _choices("SglangVersion", SUPPORTED_VERSIONS)
 Device = _choices("Device", ("auto", "cpu", "cuda"))
 
 
+def _listed(choices: type[StrEnum]) -> str:
+    return ", ".join(member.value for member in choices)
+
+
 def value_of(choice: StrEnum | None) -> str | None:
     """The string a user typed (None stays None), for the library and for JSON."""
     return None if choice is None else choice.value
@@ -162,7 +166,8 @@ SglangVersionOption = Annotated[
     SglangVersion | None,
     typer.Option(
         "--sglang-version",
-        help=f"SGLang key scheme (default: the installed sglang, else {NEWEST}).",
+        help=f"SGLang key scheme: {_listed(SglangVersion)} (default: the installed sglang, else {NEWEST}).",
+        metavar="VERSION",
         show_default=False,
         rich_help_panel=DEPLOYMENT,
     ),
@@ -239,23 +244,23 @@ HicacheSizeOption = Annotated[
 ]
 LayoutOption = Annotated[
     HostLayout,
-    typer.Option("--hicache-mem-layout", "--layout", help="Host-pool (L2) layout, before SGLang's start-up rewrites.",
-                 rich_help_panel=DEPLOYMENT),
+    typer.Option("--hicache-mem-layout", "--layout", metavar="LAYOUT", rich_help_panel=DEPLOYMENT,
+                 help=f"Host-pool (L2) layout before SGLang's start-up rewrites: {_listed(HostLayout)}."),
 ]
 IoBackendOption = Annotated[
     IoBackend,
-    typer.Option("--hicache-io-backend", "--io-backend", help="How host and device pools exchange pages.",
-                 rich_help_panel=DEPLOYMENT),
+    typer.Option("--hicache-io-backend", "--io-backend", metavar="BACKEND", rich_help_panel=DEPLOYMENT,
+                 help=f"How host and device pools exchange pages: {_listed(IoBackend)}."),
 ]
 WritePolicyOption = Annotated[
     WritePolicy,
-    typer.Option("--hicache-write-policy", help="When pages are written to the host pool and L3.",
-                 rich_help_panel=DEPLOYMENT),
+    typer.Option("--hicache-write-policy", metavar="POLICY", rich_help_panel=DEPLOYMENT,
+                 help=f"When pages are written to the host pool and L3: {_listed(WritePolicy)}."),
 ]
 StopPolicyOption = Annotated[
     StopPolicy,
-    typer.Option("--hicache-storage-prefetch-policy", help="When an L3 prefetch stops (the stop policy).",
-                 rich_help_panel=DEPLOYMENT),
+    typer.Option("--hicache-storage-prefetch-policy", metavar="POLICY", rich_help_panel=DEPLOYMENT,
+                 help=f"When an L3 prefetch stops (the stop policy): {_listed(StopPolicy)}."),
 ]
 PrefetchThresholdOption = Annotated[
     int,
@@ -264,8 +269,8 @@ PrefetchThresholdOption = Annotated[
 ]
 DeviceOption = Annotated[
     Device,
-    typer.Option("--device", help="Where KV tensors live: auto (CUDA when enough GPUs are visible), cpu or cuda.",
-                 rich_help_panel=DEPLOYMENT),
+    typer.Option("--device", metavar="DEVICE", rich_help_panel=DEPLOYMENT,
+                 help="Where KV tensors live: auto (CUDA when enough GPUs are visible), cpu or cuda."),
 ]
 
 # Benchmarks

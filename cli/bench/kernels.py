@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from hicache_ops.errors import InputError
+from hicache_ops.sglang.host_pool import LAYOUTS
 
 from ..help import examples
 from ..options import Device, DeviceOption, HeadDimOption, HostLayout, JsonOption, LayersOption, PageSizeOption, RepeatsOption
@@ -80,7 +81,8 @@ def kernels(
     attention: Annotated[str, typer.Option("--attention", help="mha, mla or both.", metavar="KIND")] = "both",
     layout: Annotated[
         list[HostLayout] | None,
-        typer.Option("--layout", help="Host layouts to measure (repeatable) [default: all].", show_default=False),
+        typer.Option("--layout", help=f"Host layouts to measure (repeatable): {', '.join(LAYOUTS)} [default: all].",
+                     metavar="LAYOUT", show_default=False),
     ] = None,
     device: DeviceOption = Device.auto,
     repeats: RepeatsOption = 5,

@@ -66,3 +66,9 @@ def test_arguments_show_a_plain_name():
     assert "Usage: hicache warm [OPTIONS] [PROMPTS]" in help_text("warm")
     assert "Usage: hicache trace show [OPTIONS] FILE..." in help_text("trace show")
     assert "Usage: hicache playbook run [OPTIONS] NAME" in help_text("playbook run")
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_help_fits_100_columns_without_cutting_a_name(path):
+    result = hicache([*path.split(), "--help"], env={"COLUMNS": "100"})
+    assert result.exit_code == 0 and "…" not in result.stdout, result.stdout
