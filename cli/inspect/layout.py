@@ -10,7 +10,6 @@ from rich.table import Table
 from hicache_ops.inspect.layout import LayoutReport, inspect_layout, parse_pages
 from hicache_ops.sglang.geometry import resolve_geometry
 from hicache_ops.sglang.versions import default_version, validate_version
-
 from hicache_ops.units import format_bytes
 
 from ..help import examples
