@@ -120,7 +120,7 @@ MasterRpcOption = Annotated[
     typer.Option(
         "--master-rpc",
         envvar="MOONCAKE_MASTER",
-        help="The Mooncake master's RPC address, HOST:RPC_PORT (default: $MOONCAKE_MASTER).",
+        help="The Mooncake master's RPC address, HOST:RPC_PORT.",
         metavar="HOST:PORT",
         show_default=False,
         rich_help_panel=INPUT,
