@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps sglang-0.5.14 test serve bench-keys clean
+.PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
 system-deps:
@@ -53,6 +53,11 @@ serve: install
 # Page-key throughput against SGLang's own get_hash_str, measured side by side.
 bench-keys: install
 	$(VENV)/bin/hicache bench keys
+
+# On a CUDA host: Triton kernels against SGLang's layouts, bench kernels on the GPU and a short
+# serve --device cuda session, one JSON summary in gpu-check.json. Without CUDA: says so, exits 0.
+gpu-check: install
+	$(PY) scripts/gpu_check.py --out gpu-check.json
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info hicache_ops/sglang/*.so

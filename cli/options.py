@@ -277,3 +277,11 @@ DeviceOption = Annotated[
 RepeatsOption = Annotated[
     int, typer.Option("--repeats", help="Timed runs per case, interleaved between the sides compared.", metavar="N")
 ]
+PlotOption = Annotated[
+    str | None,
+    typer.Option("--plot", help="Write the hit-rate plot to this PNG.", metavar="FILE", show_default=False,
+                 rich_help_panel=OUTPUT),
+]
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUTPUT)
+]

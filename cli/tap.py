@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from hicache_ops.tap import launch_plan, parse_extra_config
+from hicache_ops.sglang.launch import load_extra_config
+from hicache_ops.tap.plan import launch_plan
 
 from .options import JsonOption
 from .output import emit, reporting, stderr, stdout
@@ -33,7 +34,7 @@ def tap(
         str | None,
         typer.Option(
             "--extra-config",
-            help="Your current --hicache-storage-backend-extra-config (JSON, or @FILE.json); "
+            help="Your current --hicache-storage-backend-extra-config (JSON, or @FILE: .json, .toml, .yaml); "
             "its keys are kept next to the tap's.",
             show_default=False,
         ),
@@ -58,6 +59,6 @@ def tap(
     """Print the SGLang flags that load the tap: SGLang's MooncakeStore with every call recorded."""
     with reporting(json_output):
         plan = launch_plan(
-            parse_extra_config(extra_config), path=path, tp_size=tp_size, pp_size=pp_size, objects=not no_objects
+            load_extra_config(extra_config, where="--extra-config"), path=path, tp_size=tp_size, pp_size=pp_size, objects=not no_objects
         )
         emit(plan, json_output, _render)

@@ -38,6 +38,8 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import InputError
+from .sglang.launch import parse_server_args
+from .sglang.versions import default_version
 
 # -------------------------------------------------------------------------------------------
 # Parsing
@@ -364,5 +366,7 @@ def variables_from(
             raise InputError(f"--prompt {prompt!r} is not a file.", hint="A JSON array of token ids, or one JSONL line with input_ids.")
         values["prompt"] = prompt
     if server_args:
+        # The te checks pass these flags on: bad quoting or a flag SGLang refuses is bad input now.
+        parse_server_args(server_args, default_version())
         values["server_args"] = server_args
     return values

@@ -16,14 +16,14 @@ from .checksum import (
     host_page_checksums,
     storage_page_checksum,
 )
-from .geometry import LAYOUTS, PageGeometry, host_canonical, pool_geometry
-from .transfer import BACKENDS, DEFAULT_TILE, backup, load
+from .geometry import PageGeometry, host_canonical, pool_geometry
+from .indexing import DEFAULT_TILE
+from .transfer import BACKENDS, backup, load
 
 __all__ = [
     "BACKENDS",
     "CHECKSUM_VERSION",
     "DEFAULT_TILE",
-    "LAYOUTS",
     "PageGeometry",
     "backup",
     "canonical_page_checksums",

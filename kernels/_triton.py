@@ -5,7 +5,8 @@ Both kernels address every pool through the same five strides of its canonical v
 pool's page size, or 1 for the device pool (there the "page" stride is the token stride). One
 kernel therefore serves every layout, both directions, MHA and MLA; a launch moves one component
 (K, V, or the MLA latent). Rows are moved as the widest integer word that divides the row and
-every stride, so no float value is ever interpreted.
+every stride, so no float value is ever interpreted. The checksum kernel computes the keyed word
+sum that kernels/checksum.py defines; that module owns the constants and passes them in.
 
 Imported lazily (only when the Triton path runs), so importing hicache_ops.kernels needs no Triton.
 On the CPU the kernels run under TRITON_INTERPRET=1, which must be set before Triton is imported.
@@ -17,15 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import checksum as _cs
-from .checksum import canonical_word_bytes, finalize
-from .transfer import TransferPlan
-
-C1 = tl.constexpr(_cs.C1)
-C2 = tl.constexpr(_cs.C2)
-KEY_SEED = tl.constexpr(_cs.KEY_SEED)
-
-_WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+from .geometry import PageGeometry
+from .indexing import as_words, check_tile, next_pow2
 
 
 @triton.jit
@@ -67,7 +61,7 @@ def _copy_kernel(
 
 
 @triton.jit
-def _fmix64(x):
+def _fmix64(x, C1: tl.constexpr, C2: tl.constexpr):
     x ^= x >> 33
     x *= C1
     x ^= x >> 33
@@ -94,6 +88,9 @@ def _checksum_kernel(
     N_TILES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KEY_SEED: tl.constexpr,
+    C1: tl.constexpr,
+    C2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     layer = tl.program_id(1).to(tl.int64)
@@ -112,7 +109,7 @@ def _checksum_kernel(
             w = w.to(tl.int64).to(tl.uint64, bitcast=True)
             i = word_base + ((layer * PAGE + s) * H + h) * DW
             i = (i[:, None] + d[None, :]).to(tl.uint64, bitcast=True)
-            key = _fmix64(i + KEY_SEED) | 1
+            key = _fmix64(i + KEY_SEED, C1, C2) | 1
             acc += w * key
     total = tl.sum(tl.sum(acc, axis=1), axis=0)
     tl.store(out + page * out_row_stride + layer * N_TILES + tile, total.to(tl.int64, bitcast=True))
@@ -134,72 +131,76 @@ def _word_bytes(*tensors: torch.Tensor, row_bytes: int) -> int:
     return 1
 
 
-def _as_words(t: torch.Tensor, word: int) -> torch.Tensor:
-    return t.view(torch.uint8).view(_WORD_DTYPES[word])
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _check_tile(tile: int) -> int:
-    if tile <= 0 or tile & (tile - 1):
-        raise ValueError(f"tile must be a positive power of two, got {tile}.")
-    return tile
-
-
-def copy_tokens(plan: TransferPlan, *, to_host: bool, tile: int) -> None:
-    """One launch per component: grid (token tiles, layers)."""
-    tile = _check_tile(tile)
-    geom = plan.geometry
-    target = plan.device[0].device
-    d_idx = plan.device_tokens.to(target)
-    h_idx = plan.host_tokens.to(target)
+def copy_tokens(
+    device: list[torch.Tensor],
+    host: list[torch.Tensor],
+    device_tokens: torch.Tensor,
+    host_tokens: torch.Tensor,
+    *,
+    geometry: PageGeometry,
+    to_host: bool,
+    tile: int,
+) -> None:
+    """Copy token rows between device components (L, N, H, D) and canonical host views
+    (L, P, page_size, H, D). One launch per component: grid (token tiles, layers)."""
+    tile = check_tile(tile)
+    geom = geometry
+    target = device[0].device
+    d_idx = device_tokens.to(target)
+    h_idx = host_tokens.to(target)
     n = d_idx.numel()
-    L = geom.num_layers
-    for dev, host in zip(plan.device, plan.host):
-        word = _word_bytes(dev, host, row_bytes=geom.row_bytes)
+    for dev, hst in zip(device, host):
+        word = _word_bytes(dev, hst, row_bytes=geom.row_bytes)
         dw = geom.row_bytes // word
-        dv = _as_words(dev, word)  # (L, N, H, DW)
-        hv = _as_words(host, word)  # (L, P, PS, H, DW)
+        dv = as_words(dev, word)  # (L, N, H, DW)
+        hv = as_words(hst, word)  # (L, P, PS, H, DW)
         dev_strides = (dv.stride(0), dv.stride(1), 0, dv.stride(2))
         host_strides = (hv.stride(0), hv.stride(1), hv.stride(2), hv.stride(3))
-        heads, row = geom.head_num, dw
+        heads, row = geom.heads_per_rank, dw
         if dv.stride(2) == dw and hv.stride(3) == dw:  # heads follow each other: one wide row
-            heads, row = 1, geom.head_num * dw
-        block_d = min(_pow2(row), max(16, 4096 // (word * tile)))
+            heads, row = 1, geom.heads_per_rank * dw
+        block_d = min(next_pow2(row), max(16, 4096 // (word * tile)))
         if to_host:
             src, dst, si, di, ss, ds, sps, dps = dv, hv, d_idx, h_idx, dev_strides, host_strides, 1, geom.page_size
         else:
             src, dst, si, di, ss, ds, sps, dps = hv, dv, h_idx, d_idx, host_strides, dev_strides, geom.page_size, 1
-        grid = (triton.cdiv(n, tile), L)
+        grid = (triton.cdiv(n, tile), geom.layers)
         _copy_kernel[grid](
             src, dst, si, di, n, *ss, *ds,
             SRC_PS=sps, DST_PS=dps, H=heads, DW=row, BLOCK_T=tile, BLOCK_D=block_d,
         )  # fmt: skip
 
 
-def checksum_pages(
-    components: list[torch.Tensor], tokens: torch.Tensor, *, page_size: int, src_page: int, tile: int
-) -> torch.Tensor:
-    """Checksums of the pages whose tokens are `tokens` (n_pages * page_size, page by page).
+def keyed_word_sums(
+    components: list[torch.Tensor],
+    tokens: torch.Tensor,
+    *,
+    page_size: int,
+    src_page: int,
+    word: int,
+    tile: int,
+    key_seed: int,
+    c1: int,
+    c2: int,
+) -> tuple[torch.Tensor, int]:
+    """Per page whose tokens are `tokens` (n_pages * page_size, page by page): the sum mod 2**64 of
+    key_i * w_i over the page's `word`-byte words w_i in canonical order, with
+    key_i = fmix64(i + key_seed) | 1 (fmix64's multipliers c1, c2); and the words per page.
 
     components: per component either a device pool (L, N, H, D) (`src_page` 1) or a canonical host
     view (L, P, page_size, H, D) (`src_page` = page_size).
     """
-    tile = _check_tile(min(tile, _pow2(page_size)))
+    tile = check_tile(min(tile, next_pow2(page_size)))
     first = components[0]
     L, H, D = first.shape[0], first.shape[-2], first.shape[-1]
-    row_bytes = D * first.element_size()
-    word = canonical_word_bytes(row_bytes)
-    dw = row_bytes // word
+    dw = D * first.element_size() // word
     n_pages = tokens.numel() // page_size
     n_tiles = triton.cdiv(page_size, tile)
     idx = tokens.to(first.device)
     out = torch.empty((n_pages, len(components) * L * n_tiles), dtype=torch.int64, device=first.device)
     comp_words = L * page_size * H * dw
     for c, comp in enumerate(components):
-        v = _as_words(comp, word)
+        v = as_words(comp, word)
         if src_page == 1:
             strides = (v.stride(0), v.stride(1), 0, v.stride(2))
         else:
@@ -207,10 +208,11 @@ def checksum_pages(
         heads, row = H, dw
         if strides[3] == dw:
             heads, row = 1, H * dw
-        block_d = min(_pow2(row), max(16, 4096 // (8 * tile)))
+        block_d = min(next_pow2(row), max(16, 4096 // (8 * tile)))
         grid = (n_pages * n_tiles, L)
         _checksum_kernel[grid](
             v, idx, out[:, c * L * n_tiles :], out.stride(0), c * comp_words, *strides,
             PAGE=page_size, SRC_PS=src_page, H=heads, DW=row, N_TILES=n_tiles, BLOCK_T=tile, BLOCK_D=block_d,
+            KEY_SEED=key_seed, C1=c1, C2=c2,
         )  # fmt: skip
-    return finalize(out.sum(dim=1), len(components) * comp_words)
+    return out.sum(dim=1), len(components) * comp_words

@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.host_pool import check_layout_for
 
-from .geometry import PageGeometry, host_canonical, split_device
-from .transfer import DEFAULT_TILE, _check_bounds, as_index, pages_to_tokens
+from .geometry import PageGeometry, host_canonical, host_is_mla, page_object_view, split_device
+from .indexing import DEFAULT_TILE, as_index, as_words, check_in_range, check_unit, pages_to_tokens
 
 CHECKSUM_VERSION = 1
 KEY_SEED = 0x243F6A8885A308D3
@@ -39,7 +38,6 @@ C1 = 0xFF51AFD7ED558CCD
 C2 = 0xC4CEB9FE1A85EC53
 MASK64 = (1 << 64) - 1
 
-_WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.int8}
 _TARGET_WORDS = 1 << 17
 
 
@@ -101,7 +99,7 @@ def _torch_acc(get, n_pages: int, n_comp: int, like: torch.Tensor) -> tuple[torc
     for s in range(0, n_pages, pages_per_chunk):
         e = min(n_pages, s + pages_per_chunk)
         for c in range(n_comp):
-            words = get(c, s, e).view(torch.uint8).view(_WORD_DTYPES[word])
+            words = as_words(get(c, s, e), word)
             for l0 in range(0, L, layers_per_chunk):
                 part = words[:, l0 : l0 + layers_per_chunk]
                 part = part.to(torch.int64, memory_format=torch.contiguous_format)
@@ -120,12 +118,19 @@ def _use_triton(backend: str, t: torch.Tensor) -> bool:
     return backend == "auto" and t.device.type == "cuda"
 
 
+def _triton_acc(components: list[torch.Tensor], tokens: torch.Tensor, **kw) -> tuple[torch.Tensor, int]:
+    """acc and n_words as `_torch_acc` gives them, from the Triton kernel."""
+    from . import _triton
+
+    first = components[0]
+    word = canonical_word_bytes(first.shape[-1] * first.element_size())
+    return _triton.keyed_word_sums(components, tokens, word=word, key_seed=KEY_SEED, c1=C1, c2=C2, **kw)
+
+
 def _page_tokens(indices, page_size: int, unit: str) -> torch.Tensor:
     idx = as_index(indices, "indices")
-    if unit == "page":
+    if check_unit(unit) == "page":
         return pages_to_tokens(idx, page_size)
-    if unit != "token":
-        raise ValueError(f"unit must be 'token' or 'page', got {unit!r}.")
     if idx.numel() % page_size:
         raise ValueError(f"{idx.numel()} token indices do not make whole pages of {page_size}.")
     return idx
@@ -147,14 +152,12 @@ def device_page_checksums(
     """
     comps, _ = split_device(device)
     tokens = _page_tokens(indices, page_size, unit)
-    _check_bounds(tokens, comps[0].shape[1], "device token indices")
+    check_in_range(tokens, comps[0].shape[1], "device token indices")
     n = tokens.numel() // page_size
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=comps[0].device)
     if _use_triton(backend, comps[0]):
-        from . import _triton
-
-        return _triton.checksum_pages(comps, tokens, page_size=page_size, src_page=1, tile=tile)
+        return finalize(*_triton_acc(comps, tokens, page_size=page_size, src_page=1, tile=tile))
     tokens = tokens.to(comps[0].device)
     per_page = tokens.view(n, page_size)
     firsts = per_page[:, 0]
@@ -171,11 +174,6 @@ def device_page_checksums(
     return finalize(acc, n_words)
 
 
-def _host_is_mla(host: torch.Tensor, layout: str) -> bool:
-    base = 4 if layout in ("layer_first", "page_first") else 5
-    return host.dim() == base
-
-
 def host_page_checksums(
     host: torch.Tensor,
     indices,
@@ -188,16 +186,14 @@ def host_page_checksums(
 ) -> torch.Tensor:
     """Checksums (int64, one per page) of pages of a host pool in `layout` (MHA or MLA, told apart by
     the buffer's rank). indices as in ``device_page_checksums``, in host token/page numbers."""
-    canon = host_canonical(host, layout, mla=_host_is_mla(host, layout), page_size=page_size)
+    canon = host_canonical(host, layout, mla=host_is_mla(host, layout), page_size=page_size)
     tokens = _page_tokens(indices, page_size, unit)
-    _check_bounds(tokens, canon[0].shape[1] * page_size, "host token indices")
+    check_in_range(tokens, canon[0].shape[1] * page_size, "host token indices")
     n = tokens.numel() // page_size
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=host.device)
     if _use_triton(backend, host):
-        from . import _triton
-
-        return _triton.checksum_pages(canon, tokens, page_size=page_size, src_page=page_size, tile=tile)
+        return finalize(*_triton_acc(canon, tokens, page_size=page_size, src_page=page_size, tile=tile))
     tokens = tokens.to(host.device)
     per_page = tokens.view(n, page_size)
     slots = torch.arange(page_size, device=host.device)
@@ -247,26 +243,12 @@ def storage_page_checksum(objects: Sequence, *, layout: str, geometry: PageGeome
     """Checksum of one page from its L3 object bytes (as SGLang's zero-copy path writes them from a host
     pool in `layout`): MHA ``[k_bytes, v_bytes]``, MLA ``[kv_bytes]``; each a bytes-like object or a
     tensor. Returns the checksum as an unsigned int."""
-    if layout == "layer_first":
-        raise InputError(
-            "a layer_first host pool has no one-object-per-page L3 form (SGLang stores it per layer).",
-            hint="Use page_first, page_first_direct or page_head.",
-        )
-    check_layout_for(layout, mla=geometry.mla)
-    objs = list(objects)
-    if len(objs) != geometry.n_kv:
-        raise InputError(f"a {'MLA' if geometry.mla else 'MHA'} page has {geometry.n_kv} L3 object(s); got {len(objs)}.")
     g = geometry
-    comps = []
-    for obj in objs:
-        t = _object_tensor(obj, g.component_bytes)
-        if layout == "page_first":
-            v = t.view(g.page_size, g.num_layers, g.head_num, g.row_bytes).transpose(0, 1)
-        elif layout == "page_first_direct":
-            v = t.view(g.num_layers, g.page_size, g.head_num, g.row_bytes)
-        else:  # page_head
-            v = t.view(g.head_num, g.page_size, g.num_layers, g.row_bytes).permute(2, 1, 0, 3)
-        comps.append(v.unsqueeze(0))
+    shape, order = page_object_view(layout, g)
+    objs = list(objects)
+    if len(objs) != g.n_kv:
+        raise InputError(f"a {'MLA' if g.mla else 'MHA'} page has {g.n_kv} L3 object(s); got {len(objs)}.")
+    comps = [_object_tensor(obj, g.component_bytes).view(shape).permute(order).unsqueeze(0) for obj in objs]
     acc, n_words = _torch_acc(lambda c, s, e: comps[c], 1, len(comps), comps[0])
     return int(finalize(acc, n_words)[0]) & MASK64
 

@@ -1,13 +1,12 @@
-"""Pool geometry and the canonical views every kernel works on (FACTS §3).
+"""Pool geometry and the canonical views every kernel works on.
 
 Every host layout, MHA or MLA, is presented as one strided view per K/V component of shape
 ``(L, page_num, page_size, H, D)`` -- the *canonical view* -- so that token ``t`` of layer ``l``,
-head ``h`` is ``view[l, t // page_size, t % page_size, h]`` whatever the layout. The device pool
+head ``h`` is ``view[l, t // page_size, t % page_size, h]`` whatever the layout. The layouts' buffers
+and the order that maps each onto this view come from one table, ``hicache_ops.sglang.host_pool``
+(``MHA_HOST_BUFFERS`` / ``MLA_HOST_BUFFERS``; docs/host-pool.md#mha-buffer-shapes). The device pool
 (layer-first, ``(L, tokens, H, D)`` per component) is used as it is. MLA is the one-component case
 with ``H == 1`` and ``D == kv_cache_dim``.
-
-The canonical *order* of a page's bytes -- component, layer, slot, head, then the row of D
-elements -- is the order of these views, which is also the ``page_first_direct`` order.
 """
 
 from __future__ import annotations
@@ -17,37 +16,35 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache_ops.sglang.host_pool import LAYOUTS, check_layout_for
-
-MHA_HOST_DIMS = {
-    "layer_first": "(2, L, size, H, D)",
-    "page_first": "(2, size, L, H, D)",
-    "page_first_direct": "(2, page_num, L, page_size, H, D)",
-    "page_head": "(2, page_num, H, page_size, L, D)",
-}
-MLA_HOST_DIMS = {
-    "layer_first": "(L, size, 1, C)",
-    "page_first": "(size, L, 1, C)",
-    "page_first_direct": "(page_num, L, page_size, 1, C)",
-}
+from hicache_ops.errors import InputError
+from hicache_ops.sglang.host_pool import (
+    HEAD_DIM,
+    HEADS_PER_RANK,
+    LAYERS,
+    MLA_HOST_BUFFERS,
+    PAGE_SIZE,
+    SIZE,
+    host_buffer_dims,
+)
 
 
 @dataclass(frozen=True)
 class PageGeometry:
-    """What one page of KV is: per component (K, V; MLA has one) L x page_size x H x D items."""
+    """What one page of KV on one rank is: per component (K, V; MLA has one) layers x page_size x
+    heads_per_rank x head_dim items. Field names are ModelGeometry's and HostPoolLayout's."""
 
-    num_layers: int
+    layers: int
     page_size: int
-    head_num: int
+    heads_per_rank: int
     head_dim: int
     dtype: torch.dtype
     mla: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.num_layers, self.page_size, self.head_num, self.head_dim) <= 0:
+        if min(self.layers, self.page_size, self.heads_per_rank, self.head_dim) <= 0:
             raise ValueError(f"page geometry must be positive, got {self}")
-        if self.mla and self.head_num != 1:
-            raise ValueError(f"an MLA page has one head (latent row), got head_num={self.head_num}")
+        if self.mla and self.heads_per_rank != 1:
+            raise ValueError(f"an MLA page has one head (latent row), got heads_per_rank={self.heads_per_rank}")
 
     @property
     def n_kv(self) -> int:
@@ -65,16 +62,16 @@ class PageGeometry:
     @property
     def component_bytes(self) -> int:
         """Bytes of one component (K or V, or the MLA latent) of one page: one L3 object."""
-        return self.num_layers * self.page_size * self.head_num * self.row_bytes
+        return self.layers * self.page_size * self.heads_per_rank * self.row_bytes
 
     @property
-    def page_bytes(self) -> int:
+    def bytes_per_page(self) -> int:
         return self.n_kv * self.component_bytes
 
     @property
-    def token_bytes(self) -> int:
+    def bytes_per_token(self) -> int:
         """Bytes per token across all layers and components (SGLang's size_per_token)."""
-        return self.n_kv * self.num_layers * self.head_num * self.row_bytes
+        return self.n_kv * self.layers * self.heads_per_rank * self.row_bytes
 
 
 def split_device(device: torch.Tensor | Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
@@ -108,36 +105,49 @@ def split_device(device: torch.Tensor | Sequence[torch.Tensor]) -> tuple[list[to
     return [k, v], False
 
 
+def host_is_mla(host: torch.Tensor, layout: str) -> bool:
+    """Whether `host` is an MLA buffer of `layout`, told by its rank (MHA's has the K/V dim more)."""
+    buf = MLA_HOST_BUFFERS.get(layout)
+    return buf is not None and host.dim() == len(buf.dims)
+
+
 def host_canonical(host: torch.Tensor, layout: str, *, mla: bool, page_size: int) -> list[torch.Tensor]:
     """One (L, page_num, page_size, H, D) view of `host` per component (no copy)."""
-    check_layout_for(layout, mla=mla)
-    dims = MLA_HOST_DIMS if mla else MHA_HOST_DIMS
-    want = 4 if mla else 5
-    if layout in ("page_first_direct", "page_head"):
-        want += 1
+    buf = host_buffer_dims(layout, mla=mla)
     shape = tuple(host.shape)
-    if host.dim() != want or (not mla and shape[0] != 2):
-        raise ValueError(f"a {'MLA' if mla else 'MHA'} {layout} host pool is {dims[layout]}; got shape {shape}.")
+    if host.dim() != len(buf.dims) or (not mla and shape[0] != 2):
+        raise ValueError(f"a {'MLA' if mla else 'MHA'} {layout} host pool is {buf.describe()}; got shape {shape}.")
     comps = [host] if mla else [host[0], host[1]]
     out = []
     for c in comps:
-        if layout in ("layer_first", "page_first"):
-            if layout == "page_first":
-                c = c.transpose(0, 1)
-            size = c.shape[1]
+        if SIZE in buf.component_dims:
+            at = buf.component_dims.index(SIZE)
+            size = c.shape[at]
             if size % page_size:
                 raise ValueError(f"host pool size {size} is not a multiple of page_size {page_size}.")
-            c = c.unflatten(1, (size // page_size, page_size))
-        elif layout == "page_first_direct":
-            c = c.transpose(0, 1)
-        else:  # page_head: (page_num, H, page_size, L, D)
-            c = c.permute(3, 0, 2, 1, 4)
+            c = c.unflatten(at, (size // page_size, page_size))
+        c = c.permute(buf.canonical_order)
         if c.shape[2] != page_size:
             raise ValueError(f"the {layout} host pool has page size {c.shape[2]}, not {page_size}.")
         if c.stride(-1) != 1:
             raise ValueError("the host pool's last dimension (head_dim) must be contiguous.")
         out.append(c)
     return out
+
+
+def page_object_view(layout: str, geometry: PageGeometry) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """How to read one component of one page from its L3 object bytes (as SGLang's zero-copy path
+    sends it from a `layout` host pool): the shape to view the bytes as (rows as row_bytes bytes)
+    and the permutation that turns it into a canonical (L, page_size, H, row_bytes) page."""
+    buf = host_buffer_dims(layout, mla=geometry.mla)
+    if buf.page_object_dims is None:
+        raise InputError(
+            f"a {layout} host pool has no one-object-per-page L3 form (SGLang stores it per layer).",
+            hint="Use page_first, page_first_direct or page_head.",
+        )
+    g = geometry
+    sizes = {LAYERS: g.layers, PAGE_SIZE: g.page_size, HEADS_PER_RANK: g.heads_per_rank, HEAD_DIM: g.row_bytes}
+    return tuple(sizes[d] for d in buf.page_object_dims), buf.page_object_order
 
 
 def host_token_view(canon: torch.Tensor) -> torch.Tensor | None:
@@ -167,4 +177,12 @@ def pool_geometry(
     return PageGeometry(L, page_size, H, D, host.dtype, mla), dev, canon
 
 
-__all__ = ["LAYOUTS", "PageGeometry", "host_canonical", "host_token_view", "pool_geometry", "split_device"]
+__all__ = [
+    "PageGeometry",
+    "host_canonical",
+    "host_is_mla",
+    "host_token_view",
+    "page_object_view",
+    "pool_geometry",
+    "split_device",
+]

@@ -29,10 +29,9 @@ import numpy as np
 import torch
 
 from .geometry import PageGeometry, host_token_view, pool_geometry
+from .indexing import DEFAULT_TILE, as_index, check_in_range, check_unit, pages_to_tokens
 
 BACKENDS = ("auto", "cpu", "torch", "triton")
-UNITS = ("token", "page")
-DEFAULT_TILE = 16
 
 # Which copier the CPU path uses per layout, chosen from repeated side-by-side runs (see
 # kernels/README.md). numpy copies rows as opaque items (one memmove per contiguous stretch, little
@@ -44,36 +43,6 @@ DEFAULT_TILE = 16
 CPU_COPIER = {"layer_first": "numpy", "page_first": "torch", "page_first_direct": "numpy", "page_head": "staged"}
 # "staged" copies go through a buffer of at most this many bytes (whole pages; at least one).
 STAGE_BYTES = 2 << 20
-
-
-def as_index(x, name: str) -> torch.Tensor:
-    """A 1-D int64 tensor from a tensor, numpy array, range or sequence of ints."""
-    if isinstance(x, torch.Tensor):
-        t = x
-    elif isinstance(x, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(x))
-    else:
-        t = torch.as_tensor(list(x) if not isinstance(x, range) else x, dtype=torch.int64)
-    if t.dim() != 1:
-        t = t.reshape(-1)
-    if t.dtype != torch.int64:
-        if t.is_floating_point() or t.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integers, got {t.dtype}.")
-        t = t.to(torch.int64)
-    return t
-
-
-def pages_to_tokens(pages: torch.Tensor, page_size: int) -> torch.Tensor:
-    slots = torch.arange(page_size, dtype=torch.int64, device=pages.device)
-    return (pages[:, None] * page_size + slots).reshape(-1)
-
-
-def _check_bounds(idx: torch.Tensor, limit: int, name: str) -> None:
-    if idx.numel() == 0:
-        return
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= limit:
-        raise IndexError(f"{name} must lie in [0, {limit}); got values from {lo} to {hi}.")
 
 
 @dataclass
@@ -99,8 +68,7 @@ def plan_transfer(
     unit: str = "token",
     check_bounds: bool = True,
 ) -> TransferPlan:
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}.")
+    check_unit(unit)
     geom, dev, canon = pool_geometry(device, host, layout, page_size)
     d_idx = as_index(device_indices, "device_indices")
     h_idx = as_index(host_indices, "host_indices")
@@ -110,8 +78,8 @@ def plan_transfer(
         d_idx = pages_to_tokens(d_idx, page_size)
         h_idx = pages_to_tokens(h_idx, page_size)
     if check_bounds:
-        _check_bounds(d_idx, dev[0].shape[1], "device token indices")
-        _check_bounds(h_idx, canon[0].shape[1] * page_size, "host token indices")
+        check_in_range(d_idx, dev[0].shape[1], "device token indices")
+        check_in_range(h_idx, canon[0].shape[1] * page_size, "host token indices")
     return TransferPlan(layout, geom, dev, canon, d_idx, h_idx)
 
 
@@ -131,7 +99,8 @@ def backup(
     """Copy the KV of `device_indices` (L1, layer-first) into `host_indices` of `host` (L2, `layout`).
 
     device: MHA ``(k, v)`` of (L, tokens, H, D) (or one (2, L, tokens, H, D) tensor); MLA one
-    (L, tokens, 1, C) tensor. host: SGLang's host buffer for `layout` (FACTS §3). Asynchronous on
+    (L, tokens, 1, C) tensor. host: SGLang's host buffer for `layout` (docs/host-pool.md#mha-buffer-shapes,
+    #mla-buffer-shapes). Asynchronous on
     CUDA (the current stream); synchronous on the CPU.
     """
     plan = plan_transfer(
@@ -183,7 +152,10 @@ def _execute(plan: TransferPlan, *, to_host: bool, backend: str, tile: int) -> N
     if chosen == "triton":
         from . import _triton
 
-        _triton.copy_tokens(plan, to_host=to_host, tile=tile)
+        _triton.copy_tokens(
+            plan.device, plan.host, plan.device_tokens, plan.host_tokens,
+            geometry=plan.geometry, to_host=to_host, tile=tile,
+        )  # fmt: skip
         return
     copier = CPU_COPIER[plan.layout] if chosen == "cpu" else "torch"
     copy_runs(plan, to_host=to_host, copier=copier)
@@ -265,7 +237,7 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
         runs = find_runs(plan.device_tokens, plan.host_tokens)
     n_tok = plan.device_tokens.numel()
     # ~5 us of Python per run and component against a ~0.5 GB/s gather/scatter of the same bytes.
-    if len(runs) > 16 and len(runs) * geom.n_kv * 5e-6 > n_tok * geom.token_bytes / 0.5e9:
+    if len(runs) > 16 and len(runs) * geom.n_kv * 5e-6 > n_tok * geom.bytes_per_token / 0.5e9:
         copy_gather(plan, to_host=to_host)
         return
     ps = geom.page_size
@@ -281,7 +253,7 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
             devs = [t.flatten(-2) for t in devs]
             hosts = [t.flatten(-2) for t in hosts]
             toks = [None if t is None else t.flatten(-2) for t in toks]
-            row *= geom.head_num
+            row *= geom.heads_per_rank
         devs = [_numpy_rows(d, row) for d in devs]
         hosts = [_numpy_rows(c, row) for c in hosts]
         toks = [None if tv is None else _numpy_rows(tv, row) for tv in toks]
@@ -340,15 +312,12 @@ def copy_gather(plan: TransferPlan, *, to_host: bool) -> None:
 __all__ = [
     "BACKENDS",
     "CPU_COPIER",
-    "DEFAULT_TILE",
     "TransferPlan",
-    "as_index",
     "backup",
     "copy_gather",
     "copy_runs",
     "find_runs",
     "load",
-    "pages_to_tokens",
     "plan_transfer",
     "resolve_backend",
 ]

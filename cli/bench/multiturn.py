@@ -13,11 +13,12 @@ from hicache_ops.errors import InputError
 
 from ..help import examples
 from ..options import (
-    OUTPUT,
     HicacheRatioOption,
     JsonOption,
     PageSizeOption,
+    PlotOption,
     PresetOption,
+    QuietOption,
     SglangVersionOption,
     WritePolicy,
     WritePolicyOption,
@@ -178,16 +179,15 @@ def multiturn(
             show_default=False,
         ),
     ] = None,
-    plot: Annotated[
-        str | None,
-        typer.Option("--plot", help="Write hit rate by round to this PNG.", metavar="FILE", show_default=False,
-                     rich_help_panel=OUTPUT),
-    ] = None,
+    plot: PlotOption = None,
     sglang_version: SglangVersionOption = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUTPUT)] = False,
+    quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r)."""
+    """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r).
+
+    --plot draws the hit rate of each configuration by round.
+    """
     with reporting(json_output):
         from hicache_ops.bench.multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
         from hicache_ops.sglang.versions import default_version

@@ -25,8 +25,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..kernels.checksum import device_page_checksums, host_page_checksums
-from ..kernels.geometry import MHA_HOST_DIMS, MLA_HOST_DIMS
+from ..kernels.indexing import pages_to_tokens
 from ..kernels.transfer import backup, load
+from ..sglang.host_pool import (
+    HEAD_DIM,
+    HEADS_PER_RANK,
+    KV,
+    LAYERS,
+    MHA_HOST_BUFFERS,
+    MLA_HOST_BUFFERS,
+    PAGE_NUM,
+    PAGE_SIZE,
+    SIZE,
+)
 
 DIRECTIONS = ("backup", "load")
 # Floors asked of the CPU path (single thread, ratio to a contiguous copy of the same bytes), applied
@@ -112,21 +123,10 @@ def _make_pools(attention, layers, heads, head_dim, kv_dim, dtype, dev_tokens, h
     else:
         device = fill((layers, dev_tokens, 1, kv_dim))
     h, d = (heads, head_dim) if attention == "mha" else (1, kv_dim)
-    size = host_pages * page_size
-    shapes = {
-        "mha": {
-            "layer_first": (2, layers, size, h, d),
-            "page_first": (2, size, layers, h, d),
-            "page_first_direct": (2, host_pages, layers, page_size, h, d),
-            "page_head": (2, host_pages, h, page_size, layers, d),
-        },
-        "mla": {
-            "layer_first": (layers, size, 1, d),
-            "page_first": (size, layers, 1, d),
-            "page_first_direct": (host_pages, layers, page_size, 1, d),
-        },
-    }[attention]
-    hosts = {lay: torch.zeros(shapes[lay], dtype=dtype, pin_memory=pin) for lay in layouts}
+    sizes = {KV: 2, LAYERS: layers, SIZE: host_pages * page_size, PAGE_NUM: host_pages, PAGE_SIZE: page_size,
+             HEADS_PER_RANK: h, HEAD_DIM: d}  # fmt: skip
+    buffers = MHA_HOST_BUFFERS if attention == "mha" else MLA_HOST_BUFFERS
+    hosts = {lay: torch.zeros(buffers[lay].shape(sizes), dtype=dtype, pin_memory=pin) for lay in layouts}
     return device, hosts
 
 
@@ -181,7 +181,7 @@ def bench_kernels(
 
 
 def _layouts_for(kind: str, layouts) -> list[str]:
-    allowed = list(MHA_HOST_DIMS if kind == "mha" else MLA_HOST_DIMS)
+    allowed = list(MHA_HOST_BUFFERS if kind == "mha" else MLA_HOST_BUFFERS)
     return [lay for lay in allowed if layouts is None or lay in layouts]
 
 
@@ -211,8 +211,6 @@ def _verify(kind, layout, device, host, dev_pages, host_pages, page_size, backen
     sync()
     ok = _same_pages(layout, device, host, dev_pages.cpu(), host_pages.cpu(), page_size)
     comps = list(device) if isinstance(device, tuple) else [device]
-    from ..kernels.transfer import pages_to_tokens
-
     tokens = pages_to_tokens(dev_pages.cpu(), page_size).to(comps[0].device)
     for c in comps:
         c[:, tokens] = 0
@@ -441,8 +439,6 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
     if ops_error:
         result.notes.append(f"SGLang comparison skipped: {ops_error}")
     L, H, D, C = geometry["layers"], geometry["heads"], geometry["head_dim"], geometry["kv_cache_dim"]
-    from ..kernels.transfer import pages_to_tokens
-
     d_tok = pages_to_tokens(dev_pages, page_size).to(cuda)
     h_tok = pages_to_tokens(host_pages, page_size).to(cuda)
     runs: dict[str, Callable[[], None]] = {}

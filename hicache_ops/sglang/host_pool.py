@@ -17,14 +17,98 @@ from ..errors import InputError
 from .geometry import ModelGeometry, positive_int
 from .versions import NEWEST, V0_5_14, validate_version
 
-# The host layouts a deployment can choose (--hicache-mem-layout). 0.5.23's page_unified is
-# internal (not a CLI choice) and is not modelled; page_first_kv_split is Ascend-only.
-LAYOUTS: tuple[str, ...] = ("layer_first", "page_first", "page_first_direct", "page_head")
+# Symbolic dimensions of a host KV buffer, named as ModelGeometry and HostPoolLayout name them.
+KV = "kv"  # K then V: 2 (MHA only)
+LAYERS = "layers"
+SIZE = "size"  # token slots: page_num * page_size
+PAGE_NUM = "page_num"
+PAGE_SIZE = "page_size"
+HEADS_PER_RANK = "heads_per_rank"  # MLA: 1
+HEAD_DIM = "head_dim"  # MLA: kv_cache_dim, the latent row
+
+# One component (K, V or the MLA latent) in canonical order: token t of a layer and head sits at
+# [layer, t // page_size, t % page_size, head]. A page's bytes in this order are the
+# page_first_direct page, so every layout has one byte order to compare pages in.
+CANONICAL_DIMS: tuple[str, ...] = (LAYERS, PAGE_NUM, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)
+CANONICAL_PAGE_DIMS: tuple[str, ...] = (LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)
+
+_LABELS = {
+    KV: "2", LAYERS: "L", SIZE: "size", PAGE_NUM: "page_num", PAGE_SIZE: "ps", HEADS_PER_RANK: "H", HEAD_DIM: "D"
+}  # fmt: skip
+_MLA_LABELS = {**_LABELS, HEADS_PER_RANK: "1", HEAD_DIM: "C"}
+
+
+def _order(dims: tuple[str, ...], target: tuple[str, ...]) -> tuple[int, ...]:
+    """The permutation of `dims` that lists them in `target`'s order."""
+    return tuple(dims.index(d) for d in target)
+
+
+@dataclass(frozen=True)
+class HostBufferDims:
+    """One host layout's KV buffer in symbolic dimensions (docs/host-pool.md#mha-buffer-shapes,
+    #mla-buffer-shapes), and how it maps onto the canonical view."""
+
+    mla: bool
+    dims: tuple[str, ...]
+
+    def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(sizes[d] for d in self.dims)
+
+    def describe(self) -> str:
+        """The shape as docs/host-pool.md writes it, e.g. (2, L, size, H, D)."""
+        labels = _MLA_LABELS if self.mla else _LABELS
+        return "(" + ", ".join(labels[d] for d in self.dims) + ")"
+
+    @property
+    def component_dims(self) -> tuple[str, ...]:
+        """One component's dims: the buffer's without the leading K/V dim."""
+        return self.dims[1:] if self.dims[0] == KV else self.dims
+
+    @property
+    def paged_dims(self) -> tuple[str, ...]:
+        """`component_dims` with token slots split into (page_num, page_size)."""
+        out: list[str] = []
+        for d in self.component_dims:
+            out.extend((PAGE_NUM, PAGE_SIZE) if d == SIZE else (d,))
+        return tuple(out)
+
+    @property
+    def canonical_order(self) -> tuple[int, ...]:
+        """The permutation of `paged_dims` that gives the canonical view."""
+        return _order(self.paged_dims, CANONICAL_DIMS)
+
+    @property
+    def page_object_dims(self) -> tuple[str, ...] | None:
+        """The dims of one page of one component when that page is one contiguous block (the
+        L3 object SGLang's zero-copy path sends); None when a page is scattered (layer_first)."""
+        paged = self.paged_dims
+        return paged[1:] if paged[0] == PAGE_NUM else None
+
+    @property
+    def page_object_order(self) -> tuple[int, ...]:
+        """The permutation of `page_object_dims` that gives one canonical page."""
+        return _order(self.page_object_dims, CANONICAL_PAGE_DIMS)
+
+
+# The host layouts a deployment can choose (--hicache-mem-layout), per attention kind, with their
+# buffers. 0.5.23's page_unified is internal (not a CLI choice) and is not modelled;
+# page_first_kv_split is Ascend-only.
+MHA_HOST_BUFFERS: dict[str, HostBufferDims] = {
+    "layer_first": HostBufferDims(False, (KV, LAYERS, SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first": HostBufferDims(False, (KV, SIZE, LAYERS, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first_direct": HostBufferDims(False, (KV, PAGE_NUM, LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_head": HostBufferDims(False, (KV, PAGE_NUM, HEADS_PER_RANK, PAGE_SIZE, LAYERS, HEAD_DIM)),
+}
+MLA_HOST_BUFFERS: dict[str, HostBufferDims] = {
+    "layer_first": HostBufferDims(True, (LAYERS, SIZE, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first": HostBufferDims(True, (SIZE, LAYERS, HEADS_PER_RANK, HEAD_DIM)),
+    "page_first_direct": HostBufferDims(True, (PAGE_NUM, LAYERS, PAGE_SIZE, HEADS_PER_RANK, HEAD_DIM)),
+}
+LAYOUTS: tuple[str, ...] = tuple(MHA_HOST_BUFFERS)
 # The IO backends between device and host on CUDA/ROCm (kernel_ascend is Ascend-only).
 # Layouts each IO backend can actually move (the transfer branches of the host pools).
 KERNEL_IO_LAYOUTS: tuple[str, ...] = ("layer_first", "page_first", "page_head")
 DIRECT_IO_LAYOUTS: tuple[str, ...] = ("layer_first", "page_first_direct")
-MLA_LAYOUTS: tuple[str, ...] = ("layer_first", "page_first", "page_first_direct")
 
 DEFAULT_HICACHE_RATIO = 2.0
 # The buffer name SGLang's host pools use for their one KV tensor.
@@ -35,12 +119,18 @@ def check_layout_for(layout: str, *, mla: bool) -> str:
     """Return `layout` if SGLang accepts it for this attention kind, else raise an InputError."""
     if layout not in LAYOUTS:
         raise InputError(f"layout {layout!r} is unknown.", hint=f"Use one of: {', '.join(LAYOUTS)}.")
-    if mla and layout == "page_head":
+    if mla and layout not in MLA_HOST_BUFFERS:
         raise InputError(
-            "layout 'page_head' is not supported for MLA models.",
+            f"layout {layout!r} is not supported for MLA models.",
             hint="Use page_first or page_first_direct for MLA.",
         )
     return layout
+
+
+def host_buffer_dims(layout: str, *, mla: bool) -> HostBufferDims:
+    """The buffer of `layout` for this attention kind; an InputError if SGLang refuses the pair."""
+    check_layout_for(layout, mla=mla)
+    return (MLA_HOST_BUFFERS if mla else MHA_HOST_BUFFERS)[layout]
 
 
 # Host pool (L2)
@@ -231,21 +321,16 @@ class HostPoolLayout:
 
     @property
     def buffer_shape(self) -> tuple[int, ...]:
-        L, S, P, ps = self.geometry.layers, self.size, self.page_num, self.page_size
-        if self.mla:
-            C = self.geometry.kv_cache_dim
-            return {
-                "layer_first": (L, S, 1, C),
-                "page_first": (S, L, 1, C),
-                "page_first_direct": (P, L, ps, 1, C),
-            }[self.layout]
-        H, D = self.heads_per_rank, self.geometry.head_dim
-        return {
-            "layer_first": (2, L, S, H, D),
-            "page_first": (2, S, L, H, D),
-            "page_first_direct": (2, P, L, ps, H, D),
-            "page_head": (2, P, H, ps, L, D),
-        }[self.layout]
+        sizes = {
+            KV: 2,
+            LAYERS: self.geometry.layers,
+            SIZE: self.size,
+            PAGE_NUM: self.page_num,
+            PAGE_SIZE: self.page_size,
+            HEADS_PER_RANK: self.heads_per_rank,
+            HEAD_DIM: self.geometry.kv_cache_dim,
+        }
+        return host_buffer_dims(self.layout, mla=self.mla).shape(sizes)
 
     @property
     def v_offset(self) -> int:
@@ -444,7 +529,7 @@ class DevicePoolLayout:
         return self.device_tokens + (self.page_size if self.padded else 0)
 
     @property
-    def heads(self) -> int:
+    def heads_per_rank(self) -> int:
         return self.geometry.heads_per_rank(self.tp_size)
 
     @property
@@ -453,7 +538,7 @@ class DevicePoolLayout:
         g = self.geometry
         if g.mla:
             return (g.layers, self.slots, 1, g.kv_cache_dim)
-        return (g.layers, self.slots, self.heads, g.head_dim)
+        return (g.layers, self.slots, self.heads_per_rank, g.head_dim)
 
     @property
     def v_shape(self) -> tuple[int, int, int, int] | None:

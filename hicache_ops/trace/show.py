@@ -4,8 +4,8 @@
     summary["methods"]["batch_get_v1"]["latency_ms"]["p99"]
     summary["keys"]["verdict"]
 
-The recording is JSON Lines written by `hicache_ops.tap` (one object per call, format `v` 1, see
-the README). A line that is not a JSON object with a string `method` is an input error (exit 2)
+The recording is JSON Lines written by `hicache_ops.tap.recording` (one object per call, format `v` 1,
+see the README). A line that is not a JSON object with a string `method` is an input error (exit 2)
 naming the file and line: a recording that cannot be read whole is not summarised in part.
 
 Sections of the summary:
@@ -28,11 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import InputError
+from ..tap.recording import META_METHODS, QUERY_METHODS, READ_METHODS, WRITE_METHODS
 
-QUERY_METHODS = ("batch_exists", "batch_exists_v2", "exists")
-READ_METHODS = ("batch_get_v1", "batch_get_v2", "get", "batch_get")
-WRITE_METHODS = ("batch_set_v1", "batch_set_v2", "set", "batch_set")
-META_METHODS = ("open", "register_mem_pool_host", "register_mem_host_pool_v2", "on_host_pools_registered", "close")
 PERCENTILES = (50, 90, 99)
 LIST_CAP = 20  # keys listed per category (counts are always complete)
 NOT_FOUND = -704  # Mooncake OBJECT_NOT_FOUND

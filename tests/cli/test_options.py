@@ -13,6 +13,8 @@ DIFFERENT_ON_PURPOSE = {
     ("--heads", "bench kernels"): "the kernels move one rank's slice: KV heads per rank, not before TP",
     ("--dtype", "bench kernels"): "the tensor dtype moved (uint8 stands for fp8), not a model's KV dtype name",
     ("--layout", "bench kernels"): "repeatable: the host layouts to measure, not one deployment's layout",
+    ("--l3", "bench replay"): "a simulated L3's capacity, where serve's --l3 says which master backs it",
+    ("--limit", "bench replay"): "how many requests of the trace to replay, not how many rows to show",
 }
 # cli/te.py and cli/tap.py are being split on another branch; their options are aligned with
 # cli/options.py once that branch merges (te check's --master becomes --master-rpc).

@@ -42,7 +42,7 @@ CASES = [("mha", lay) for lay in MHA_LAYOUTS] + [("mla", lay) for lay in MLA_LAY
 
 
 # ---------------------------------------------------------------------------------------------
-# Pools and the obviously-correct references, written from FACTS §3 shape by shape.
+# Pools and the obviously-correct references, written from docs/host-pool.md shape by shape.
 
 
 def host_shape(kind, layout, L, size, H, D, ps):
@@ -343,7 +343,7 @@ def test_checksum_matches_definition_and_is_layout_independent(kind, dtype, D):
 
 
 def l3_objects(host, kind, layout, page, ps):
-    """The bytes SGLang's zero-copy path stores for one page of a page layout (FACTS §3)."""
+    """The bytes SGLang's zero-copy path stores for one page of a page layout (docs/host-pool.md#page-buffer-meta)."""
     if kind == "mha":
         if layout == "page_first":
             return [host[c, page * ps : page * ps + ps].contiguous().view(torch.uint8).numpy().tobytes() for c in (0, 1)]
@@ -501,6 +501,7 @@ def triton_subprocess(request, tmp_path_factory):
     here = Path(__file__).resolve()
     code = (
         "import importlib.util, json, sys\n"
+        f"sys.path.append({str(here.parents[1])!r})\n"  # tests/, for the shared helpers (pytest's pythonpath)
         f"spec = importlib.util.spec_from_file_location('kernel_tests', {str(here)!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "print(json.dumps(m._triton_checks()))\n"
@@ -566,7 +567,7 @@ def test_placement_matches_sglang_host_pool(kind, layout):
     ps, D = 4, 8
     device, _ = make_pools(kind, layout, D=D, ps=ps, dev_tokens=48)
     pool = _sglang_host_pool(kind, layout, device, ps)
-    assert pool.size == (48 * 2 // ps + 1) * ps  # FACTS §3 sizing: one extra page
+    assert pool.size == (48 * 2 // ps + 1) * ps  # docs/host-pool.md#size: one extra page
     host = pool.kv_buffer
     H = 2 if kind == "mha" else 1
     dev_pages, host_pages = [3, 0, 10, 7], [pool.page_num - 1, 5, 0, 12]

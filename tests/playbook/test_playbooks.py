@@ -221,3 +221,11 @@ def test_te_not_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("MOONCAKE_DEVICE", "mlx5_0")
     code, data = run_book("te-not-reused", "--server-args", f"{flags} --disaggregation-ib-device mlx5_0", "--config", str(config))
     assert code == 0 and data["status"] == "pass", data
+
+
+@pytest.mark.parametrize("server_args, phrase", [("'x", "not valid shell words"), ("--tp-size two", "not an integer")])
+def test_te_not_reused_bad_server_args_exit_2_before_any_check(server_args, phrase):
+    result = hicache(["playbook", "run", "te-not-reused", "--server-args", server_args, "--json"])
+    assert result.exit_code == 2, result.output
+    data = json.loads(result.stdout)
+    assert phrase in data["error"]["message"] and "checks" not in data

@@ -4,14 +4,30 @@ layout/IO rewrites against its own start-up hooks, and `hicache inspect layout` 
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.host_pool import LAYOUTS, DevicePoolLayout, HostPoolLayout
+from hicache_ops.sglang.host_pool import (
+    HEAD_DIM,
+    HEADS_PER_RANK,
+    KV,
+    LAYERS,
+    LAYOUTS,
+    MHA_HOST_BUFFERS,
+    MLA_HOST_BUFFERS,
+    PAGE_NUM,
+    PAGE_SIZE,
+    SIZE,
+    DevicePoolLayout,
+    HostPoolLayout,
+)
 from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
 from hicache_ops.inspect.layout import inspect_layout, parse_pages
 from hicache_ops.sglang.rewrites import resolve_layout
@@ -463,3 +479,44 @@ def test_cli_unknown_choice_is_a_usage_error(args, fragment):
     human = invoke(*args)
     assert human.exit_code == 2 and human.stdout == ""
     assert human.stderr.startswith("Usage:") and "Traceback" not in human.output
+
+
+def _documented_shapes(section: str) -> dict[str, str]:
+    """layout -> shape from a `| `layout` | `(shape)` | versions |` table under `## section`."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "host-pool.md").read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| `(\([^`]*\))` \|", body, flags=re.M)
+    return dict(rows)
+
+
+@pytest.mark.parametrize(
+    "section,table", [("MHA buffer shapes", MHA_HOST_BUFFERS), ("MLA buffer shapes", MLA_HOST_BUFFERS)]
+)
+def test_host_buffer_table_is_what_docs_say(section, table):
+    documented = _documented_shapes(section)
+    assert {layout: buf.describe() for layout, buf in table.items()} == {
+        layout: documented[layout] for layout in table
+    }
+
+
+def test_canonical_order_puts_each_token_where_the_layout_does():
+    """Token t of layer l, head h sits at [l, t // ps, t % ps, h] of the canonical view built from the
+    table, whatever the layout and attention kind (checked on a buffer of distinct values)."""
+    L, H, D, ps, pages = 2, 3, 1, 4, 5
+    sizes = {KV: 2, LAYERS: L, SIZE: pages * ps, PAGE_NUM: pages, PAGE_SIZE: ps, HEADS_PER_RANK: H, HEAD_DIM: D}
+    for layout, buf in [*MHA_HOST_BUFFERS.items(), *MLA_HOST_BUFFERS.items()]:
+        shape = buf.shape(sizes)
+        host = torch.arange(math.prod(shape)).reshape(shape)
+        comp = host[1] if buf.dims[0] == KV else host  # MHA: V
+        canon = comp
+        if SIZE in buf.component_dims:
+            canon = canon.unflatten(buf.component_dims.index(SIZE), (pages, ps))
+        canon = canon.permute(buf.canonical_order)
+        for t in (0, 5, pages * ps - 1):
+            for layer in range(L):
+                for head in range(H):
+                    where = {
+                        LAYERS: layer, SIZE: t, PAGE_NUM: t // ps, PAGE_SIZE: t % ps, HEADS_PER_RANK: head, HEAD_DIM: 0
+                    }  # fmt: skip
+                    index = tuple(where[d] for d in buf.component_dims)
+                    assert canon[layer, t // ps, t % ps, head, 0] == comp[index], (layout, t, layer, head)

@@ -19,7 +19,16 @@ import pytest
 import torch
 
 from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
-from hicache_ops.tap import CLASS_NAME, PATH_ENV, Recorder, rank_suffix, recording_path, with_suffix
+from hicache_ops.tap.backend import CLASS_NAME
+from hicache_ops.tap.recording import (
+    META_METHODS,
+    PATH_ENV,
+    STORAGE_METHODS,
+    Recorder,
+    rank_suffix,
+    recording_path,
+    with_suffix,
+)
 from hicache_ops.trace.show import load_records, percentile, show
 
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
@@ -36,7 +45,6 @@ DEVICE_TOKENS = 64
 MODEL = "Qwen/Qwen3-0.6B"
 VERSION = "0.5.23"
 K_BYTES = LAYERS * PAGE * HEADS * HEAD_DIM * 2  # one page's K (or V) object, bf16
-STORAGE_METHODS = ("batch_exists", "batch_exists_v2", "batch_get_v1", "batch_set_v1")
 
 
 # --- SGLang's pieces on the CPU -----------------------------------------------------------------
@@ -222,8 +230,9 @@ def _lines(path):
 
 def test_recording_has_one_line_per_call(runs):
     lines = _lines(runs["path"])
-    meta = [r["method"] for r in lines if r["method"] not in STORAGE_METHODS]
+    meta = [r["method"] for r in lines if r["method"] in META_METHODS]
     calls = [r for r in lines if r["method"] in STORAGE_METHODS]
+    assert len(meta) + len(calls) == len(lines)  # every line is one of the two groups
     assert meta == ["open", "register_mem_pool_host", "on_host_pools_registered"]
     assert [r["method"] for r in calls] == [
         "batch_exists", "batch_get_v1", "batch_set_v1", "batch_exists", "batch_exists_v2",
@@ -323,7 +332,7 @@ def test_v2_arguments_and_results_are_recorded_as_json():
     """SGLang's own PoolTransfer / PoolTransferResult turned into the recording's fields."""
     from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult
 
-    from hicache_ops.tap import describe_call, describe_result, to_jsonable
+    from hicache_ops.tap.recording import describe_call, describe_result, to_jsonable
 
     transfers = [
         PoolTransfer(name=PoolName.KV, keys=KEYS[:2], host_indices=slots([1, 2])),
@@ -343,7 +352,7 @@ def test_v2_arguments_and_results_are_recorded_as_json():
 def test_recorder_appends_whole_lines_from_many_processes(tmp_path):
     path = tmp_path / "shared.jsonl"
     code = (
-        "import sys; from hicache_ops.tap import Recorder\n"
+        "import sys; from hicache_ops.tap.recording import Recorder\n"
         "r = Recorder(sys.argv[1])\n"
         "for i in range(300): r.write({'method': 'batch_exists', 'who': sys.argv[2], 'i': i, 'pad': 'x' * 5000})\n"
     )
@@ -538,8 +547,9 @@ def test_tap_json_fields_and_extra_config_file(tmp_path):
         ("{bad", "not valid JSON"),
         ("[1]", "must be a JSON object"),
         ('{"standalone_storage": true, "master_server_address": "h:1"}', "standalone_storage"),
-        ("@/no/such/file.json", "cannot read"),
-        ("@config.yaml", "only JSON files"),
+        ("@/no/such/file.json", "does not exist"),
+        ("@/no/such/config.yaml", "does not exist"),
+        ("@config.ini", "SGLang reads .json, .toml, .yaml"),
     ],
 )
 def test_tap_bad_extra_config_is_exit_2(value, message):
@@ -547,9 +557,19 @@ def test_tap_bad_extra_config_is_exit_2(value, message):
     assert res.exit_code == 2 and message in res.stderr and "Traceback" not in res.output
 
 
+def test_the_tap_class_serves_every_recorded_method():
+    """The method groups `trace show` reads are the methods the backend records."""
+    import hicache_ops.tap
+
+    cls = hicache_ops.tap.MooncakeTap
+    assert cls.__module__ == "hicache_ops.tap" and cls.__name__ == CLASS_NAME
+    assert all(name in vars(cls) for name in STORAGE_METHODS + META_METHODS if name != "open")
+
+
 def test_importing_the_tap_and_cli_stays_light():
     code = (
-        "import sys, hicache_ops.tap, hicache_ops.trace.show, hicache_ops.cli.tap, hicache_ops.cli.trace.show\n"
+        "import sys, hicache_ops.tap, hicache_ops.tap.plan, hicache_ops.trace.show, hicache_ops.cli.tap,"
+        " hicache_ops.cli.trace.show\n"
         "heavy = [m for m in ('torch', 'sglang', 'mooncake') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -1,17 +1,19 @@
 """`hicache te check`: SGLang's shared Transfer Engine rule over a table of deployments.
 
 Three references:
-- the facts (FACTS §5-6), for both versions: every row of TABLE;
+- the rule as docs/transfer-engine.md states it, for both versions: every row of TABLE;
 - SGLang 0.5.23's own code, run here: its argparse and resolution pipeline (a tiny local model
   config, --device cpu), `maybe_init_shared_mooncake_transfer_engine` creating the real shared
   engine, and the real `MooncakeStore` constructor making its reuse decision against a real
-  mooncake_master (the decision is read from SGLang's "Reuse initialized ..." log line). The
-  engine is built with MOONCAKE_PROTOCOL=tcp so it initialises without RDMA; SGLang's decision
-  never reads the engine's protocol. Rows whose SGLang start-up needs RDMA sysfs (PD with an IB
-  device) are compared with the facts only;
-- SGLang 0.5.14 is not importable next to 0.5.23: its rows are checked against the facts, and
-  when its source is unpacked (HICACHE_SGLANG_0_5_14_SRC, default /tmp/w14/src/sglang) the
-  decision code is compared with 0.5.23's text.
+  mooncake_master. Each row observes SGLang's decision positively: the store's Mooncake client is
+  SGLang's own class with its setup() call noted on the way through, so reuse is SGLang's log line
+  plus setup() given the shared engine (and the client then reporting the engine's session), and
+  non-reuse is setup() called without an engine (the store starting its own). Only Mooncake's
+  setup() may fail (a named RDMA device does not exist here); a failure before it fails the test. The engine is built with MOONCAKE_PROTOCOL=tcp so it initialises without
+  RDMA; SGLang's decision never reads the engine's protocol. Rows whose SGLang start-up needs RDMA
+  sysfs (PD with an IB device) are compared with the rule only;
+- SGLang 0.5.14 is not importable next to 0.5.23: its rows are checked against the rule, and
+  its decision code (the unpacked wheel, tests/sglang_0_5_14.py) is compared with 0.5.23's text.
 The --live path runs against a real master on loopback over TCP.
 """
 
@@ -31,8 +33,11 @@ from pathlib import Path
 import pytest
 
 from hicache_ops.errors import InputError
-from hicache_ops.te import REUSE_LOG_LINE, check_reuse, node_ranks, parse_server_args, rdma_devices
+from hicache_ops.sglang.launch import parse_server_args
+from hicache_ops.te.report import check_reuse
+from hicache_ops.te.rule import REUSE_LOG_LINE, node_ranks, rdma_devices
 from cli_runner import hicache
+from sglang_0_5_14 import require_root
 
 
 HICACHE = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
@@ -172,13 +177,13 @@ def materialise(row: Row, tmp_path: Path, master: str = "127.0.0.1:50051",
 
 
 # ---------------------------------------------------------------------------------------------
-# The table against the facts (both versions)
+# The table against the rule (both versions)
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 @pytest.mark.parametrize("row", TABLE, ids=[r.id for r in TABLE])
-def test_table_against_the_facts(row: Row, version: str, tmp_path):
+def test_table_against_the_rule(row: Row, version: str, tmp_path):
     flags, env = materialise(row, tmp_path)
     if version == "0.5.14" and "--attn-dp-size" in flags:
         flags = flags.replace("--attn-dp-size 2", "--dp-size 2 --enable-dp-attention")
@@ -205,7 +210,7 @@ def test_default_env_explains_the_empty_string_versus_none(tmp_path):
     dev = report.conditions[1]
     assert (dev.actual, dev.expected) == ("", None)
     assert '"" == None is false' in dev.why
-    assert report.args.assumed and report.conditions[0].ok
+    assert report.server_args_assumed and report.conditions[0].ok
     changes = report.fix["changes"]
     assert {c["name"] for c in changes} == {"MOONCAKE_DEVICE", "disaggregation_ib_device"}
     assert "MC_FORCE_TCP=1" in report.fix["alternative"]  # for TCP-only deployments only
@@ -285,21 +290,6 @@ def test_version_specific_flags():
         check_reuse("0.5.14", server_args="--enable-hicache --hicache-storage-backend mooncake", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
     with pytest.raises(InputError, match="not supported"):
         check_reuse("0.5.99", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
-
-
-def test_server_args_from_a_file_with_a_launcher_prefix_and_comments(tmp_path):
-    path = tmp_path / "launch.sh"
-    path.write_text(
-        "python -m sglang.launch_server --model-path Qwen/Qwen3-0.6B \\\n"
-        "  --enable-hierarchical-cache --hicache-storage-backend mooncake  # L3\n"
-        "  --tp-size=2 --disaggregation-ib-device mlx5_0\n"
-    )
-    args = parse_server_args(f"@{path}", "0.5.23")
-    assert (args.tp_size, args.disaggregation_ib_device, args.enable_hierarchical_cache) == (2, "mlx5_0", True)
-    assert parse_server_args(str(path), "0.5.23").tp_size == 2
-    listed = tmp_path / "args.json"
-    listed.write_text(json.dumps(["--enable-hicache", "--hicache-storage-backend", "mooncake", "--tp-size", "4"]))
-    assert parse_server_args(f"@{listed}", "0.5.23").tp_size == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,6 +451,24 @@ def sglang_rt(tmp_path_factory):
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
+    from mooncake.store import MooncakeDistributedStore
+
+    class NotedClient(MooncakeDistributedStore):
+        """Mooncake's client class as SGLang builds it; setup() notes its hostname and engine, then runs."""
+
+        setups: list[dict] = []
+
+        def setup(self, *args, **kwargs):
+            # SGLang's call: (hostname, metadata_server, segment, buffer, protocol, device, master, engine)
+            call = {"hostname": args[0], "engine": args[7] if len(args) > 7 else kwargs.get("transfer_engine")}
+            NotedClient.setups.append(call)
+            try:
+                call["rc"] = super().setup(*args, **kwargs)
+            except Exception as exc:
+                call["raised"] = exc
+                raise
+            return call["rc"]
+
     master = EmbeddedMaster(http_metadata=True)
     master.start()
     lines = _Lines()
@@ -469,7 +477,8 @@ def sglang_rt(tmp_path_factory):
     old_level = store_logger.level
     store_logger.setLevel(logging.INFO)
     ns = dict(te_mod=te_mod, store_mod=store_mod, HiCacheStorageConfig=HiCacheStorageConfig, ServerArgs=ServerArgs,
-              get_context=get_context, get_disagg=get_disagg, get_exec=get_exec, model=str(model), master=master, lines=lines)
+              get_context=get_context, get_disagg=get_disagg, get_exec=get_exec, model=str(model), master=master, lines=lines,
+              NotedClient=NotedClient)
     try:
         yield ns
     finally:
@@ -493,8 +502,17 @@ def _sglang_resolve(rt, flags: str):
 
 
 def _sglang_rank(rt, monkeypatch, rank, extra: dict | None, tp_size: int):
-    """(engine exists, engine ib device, store reused) as SGLang decides them for one rank."""
+    """(engine exists, engine ib device, store reused) as SGLang decides them for one rank.
+
+    Both answers are observed, never inferred from a failure: SGLang's store builds its Mooncake
+    client from NotedClient, whose setup() call shows which path SGLang took
+    (docs/transfer-engine.md#reuse-rule): the engine's session id and engine object (reuse, with the
+    log line), or the config's local_hostname and no engine (a Transfer Engine of its own). Only
+    Mooncake's setup() itself may fail here (a named RDMA device does not exist on this machine):
+    any other failure fails the test.
+    """
     te_mod = rt["te_mod"]
+    noted = rt["NotedClient"]
     te_mod._mooncake_transfer_engine = None
     saved = os.environ.get("MOONCAKE_PROTOCOL")
     os.environ["MOONCAKE_PROTOCOL"] = "tcp"  # the engine initialises here; its protocol is not in the rule
@@ -514,21 +532,40 @@ def _sglang_rank(rt, monkeypatch, rank, extra: dict | None, tp_size: int):
     ib = engine.get_ib_device() if engine is not None else "<none>"
     lines = rt["lines"].lines
     lines.clear()
+    noted.setups.clear()
     config = rt["HiCacheStorageConfig"](
         tp_rank=rank.store_tp_rank, tp_size=tp_size, pp_rank=rank.pp_rank, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
         extra_config=dict(extra) if extra else None,
     )
-    store = None
+    store_cls = rt["store_mod"].MooncakeStore
+    monkeypatch.setattr(store_cls, "_import_mooncake_store", lambda self: noted)
+    # Built in two steps so that the half-built store (its config) stays readable if __init__ raises.
+    store = store_cls.__new__(store_cls)
+    error = None
     try:
-        store = rt["store_mod"].MooncakeStore(config, None)
-    except Exception:
-        pass  # a separate client that cannot start here (a named RDMA device): the decision was logged before
+        store.__init__(config, None)
+    except Exception as exc:
+        error = exc
+    try:
+        assert len(noted.setups) == 1, f"{rank.label}: SGLang's store failed before setup(): {error!r}"
+        call = noted.setups[0]
+        logged = any(REUSE_LOG_LINE in line for line in lines)
+        if error is not None:  # only Mooncake's setup may fail here: no RDMA device of that name
+            assert call.get("raised") is error or call.get("rc", 0) != 0, (rank.label, error)
+        if call["engine"] is not None:  # SGLang chose the shared engine
+            assert engine is not None and call["hostname"] == engine.get_session_id(), rank.label
+            assert logged, rank.label
+            if error is None:
+                assert store.store.get_hostname() == engine.get_session_id(), rank.label
+            reused = True
+        else:  # SGLang chose a Transfer Engine of its own
+            assert call["hostname"] == store.config.local_hostname and not logged, rank.label
+            reused = False
     finally:
-        if store is not None:
+        if error is None:
             store.store.close()
         te_mod._mooncake_transfer_engine = None
-    reused = any(REUSE_LOG_LINE in line for line in lines)
     return engine is not None, ib, reused
 
 
@@ -599,30 +636,28 @@ def test_rank_placement_is_sglangs(flags, sglang_rt):
 
 
 # ---------------------------------------------------------------------------------------------
-# SGLang 0.5.14: the decision code's text next to 0.5.23's (when its source is unpacked here)
+# SGLang 0.5.14: the decision code's text next to 0.5.23's (the unpacked 0.5.14 wheel)
 # ---------------------------------------------------------------------------------------------
-
-SRC_0_5_14 = Path(os.environ.get("HICACHE_SGLANG_0_5_14_SRC", "/tmp/w14/src/sglang"))
 
 
 def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-@pytest.mark.skipif(not (SRC_0_5_14 / "srt").is_dir(), reason="SGLang 0.5.14 source not unpacked")
-def test_0_5_14_decision_code_matches_the_facts():
+def test_0_5_14_decision_code_matches_the_rule():
     import sglang
 
+    old = require_root() / "sglang"
     new = Path(sglang.__file__).parent
     store_rel = "srt/mem_cache/storage/mooncake_store/mooncake_store.py"
     te_rel = "srt/distributed/device_communicators/mooncake_transfer_engine.py"
     condition = ('and device_name == self._shared_mooncake_transfer_engine.get_ib_device() '
                  'and self.config.metadata_server == "P2PHANDSHAKE" and self.config.protocol == "rdma"')
     force_tcp = 'if os.environ.get("MC_FORCE_TCP") == "1": self.ib_device = ""'
-    for root in (SRC_0_5_14, new):
+    for root in (old, new):
         assert condition in _squash((root / store_rel).read_text())
         assert force_tcp in _squash((root / te_rel).read_text())
-    old_trigger = _squash((SRC_0_5_14 / "srt/model_executor/model_runner.py").read_text())
+    old_trigger = _squash((old / "srt/model_executor/model_runner.py").read_text())
     new_trigger = _squash((new / te_rel).read_text())
     assert "self.server_args.disaggregation_ib_device or self.server_args.mooncake_ib_device" in old_trigger
     # 0.5.23 adds a trigger: the elastic-EP backend alone

@@ -1,4 +1,4 @@
-"""`hicache te check`: will SGLang's Mooncake store reuse the shared Transfer Engine?"""
+"""`hicache te check`: will SGLang's Mooncake store reuse the shared Transfer Engine? (registered on the `te` group)"""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ from typing import Annotated
 
 import typer
 
-from .options import JsonOption, SglangVersionOption
-from .output import emit, reporting, stderr, stdout
-
-app = typer.Typer(help="The shared Mooncake Transfer Engine: will the HiCache store reuse it?", no_args_is_help=True)
+from ..options import JsonOption, SglangVersionOption
+from ..output import emit, reporting, stderr, stdout
 
 
 def _cell(value: object) -> str:
@@ -79,7 +77,6 @@ def _render(data: dict) -> None:
         stderr.print(f"[dim]note:[/] {note}", highlight=False)
 
 
-@app.command("check")
 def check(
     server_args: Annotated[
         str | None,
@@ -92,7 +89,11 @@ def check(
     ] = None,
     extra_config: Annotated[
         str | None,
-        typer.Option("--extra-config", help="--hicache-storage-backend-extra-config JSON (or @FILE), when not in --server-args.", show_default=False),
+        typer.Option(
+            "--extra-config",
+            help="--hicache-storage-backend-extra-config: JSON, or @FILE (.json, .toml, .yaml), when not in --server-args.",
+            show_default=False,
+        ),
     ] = None,
     config: Annotated[
         str | None,
@@ -123,8 +124,10 @@ def check(
     """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable."""
     with reporting(json_output):
         from hicache_ops.errors import InputError
-        from hicache_ops.te import check_reuse, live_check, parse_env_overrides
+        from hicache_ops.sglang.launch import parse_env_overrides
         from hicache_ops.sglang.versions import default_version, validate_version
+        from hicache_ops.te.live import live_check
+        from hicache_ops.te.report import check_reuse
 
         if not live and (master is not None or tcp):
             raise InputError("--master and --tcp only apply with --live.", hint="Add --live, or drop them.")
