@@ -22,8 +22,9 @@ from rich.console import Console
 
 from hicache_ops.errors import HicacheError
 
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, soft_wrap=True)
+# highlight=False: Rich would otherwise colour numbers and paths inside our sentences at random.
+stdout = Console(soft_wrap=True, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 
 DEBUG_ENV = "HICACHE_DEBUG"
 
@@ -49,9 +50,9 @@ def print_error(err: HicacheError, json_output: bool) -> None:
     if json_output:
         print_json(error_payload(err))
         return
-    stderr.print(f"[bold red]error:[/] {err.message}", highlight=False)
+    stderr.print(f"[bold red]error:[/] {err.message}")
     if err.hint:
-        stderr.print(f"[dim]hint:[/] {err.hint}", highlight=False)
+        stderr.print(f"[dim]hint:[/] {err.hint}")
 
 
 @contextmanager

@@ -7,8 +7,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .options import CacheSaltOption, ExtraKeyOption, JsonOption, TokenizerOption
+from .help import examples
+from .options import CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TimeoutOption, TokenizerOption
 from .output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache prefetch prompts.jsonl --serve http://127.0.0.1:18080",
+    "hicache prefetch prompts.jsonl --extra-key tenant-a --json",
+)
 
 
 def _render(data: dict) -> None:
@@ -24,12 +30,14 @@ def _render(data: dict) -> None:
 
 
 def prefetch(
-    prompts: Annotated[str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.")],
+    prompts: Annotated[
+        str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", metavar="PROMPTS")
+    ],
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance.")] = "http://127.0.0.1:18080",
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the serve.")] = 3.0,
+    serve: ServeOption = "http://127.0.0.1:18080",
+    timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
     """Ask a serve instance to prefetch each prompt from L3 into its host pool; Ctrl-C stops with what was done."""
@@ -47,8 +55,7 @@ def prefetch(
                 "prompts": [r.to_json() for r in rows]}
         emit(data, json_output, _render)
         if report.interrupted:
-            stderr.print(f"[bold yellow]interrupted[/] ({report.interrupted}) after {len(rows)} of {len(items)} prompt(s).",
-                         highlight=False)
+            stderr.print(f"[bold yellow]interrupted[/] ({report.interrupted}) after {len(rows)} of {len(items)} prompt(s).")
             raise typer.Exit(interrupt.EXIT_CODE)
         if any(not r.verified for r in rows):
             raise typer.Exit(1)

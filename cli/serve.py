@@ -16,8 +16,39 @@ from rich.table import Table
 
 from hicache_ops.errors import InputError
 
-from .options import ModelNameOption, PageSizeOption, SglangVersionOption
+from .help import examples
+from .options import (
+    OUTPUT,
+    Device,
+    DeviceOption,
+    DeviceTokensOption,
+    DtypeOption,
+    ExtraBackendTagOption,
+    HicacheRatioOption,
+    HicacheSizeOption,
+    HostLayout,
+    IoBackend,
+    IoBackendOption,
+    LayoutOption,
+    ModelNameOption,
+    PageSizeOption,
+    PrefetchThresholdOption,
+    PresetOption,
+    SglangVersionOption,
+    StopPolicy,
+    StopPolicyOption,
+    TpSizeOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
+)
 from .output import native_stderr_to_file, reporting, stderr
+
+EXAMPLES = examples(
+    "hicache serve",
+    "hicache serve --preset qwen3-0.6b --page-size 64 --hicache-write-policy write_back",
+    "hicache serve --l3 'mooncake://10.0.0.5:50051?metrics=9003' --inject-l3-latency-ms 5",
+)
 
 
 class _StopRequested(Exception):
@@ -61,39 +92,47 @@ def _panel(info: dict, url: str) -> Panel:
 
 
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 18080,
-    preset: Annotated[str, typer.Option("--preset", help="Model geometry preset (see `hicache inspect layout`).")] = "tiny",
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Override the preset's KV dtype.", show_default=False)] = None,
-    page_size: PageSizeOption = 16,
-    device_tokens: Annotated[int, typer.Option("--device-tokens", help="L1 pool tokens per rank.")] = 4096,
-    hicache_ratio: Annotated[float, typer.Option("--hicache-ratio", help="L2 size as a multiple of L1.")] = 2.0,
-    hicache_size: Annotated[float, typer.Option("--hicache-size", help="L2 size in GB per rank (overrides the ratio).")] = 0,
-    hicache_mem_layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Host-pool layout.")] = "page_first",
-    hicache_io_backend: Annotated[str, typer.Option("--hicache-io-backend", help="kernel or direct.")] = "kernel",
-    hicache_write_policy: Annotated[
-        str, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back.")
-    ] = "write_through",
-    hicache_storage_prefetch_policy: Annotated[
-        str, typer.Option("--hicache-storage-prefetch-policy", help="best_effort, wait_complete or timeout.")
-    ] = "best_effort",
-    prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Extra-config prefetch_threshold (tokens).")] = 256,
-    model_name: ModelNameOption = "hicache/tiny",
-    extra_backend_tag: Annotated[
-        str | None, typer.Option("--extra-backend-tag", help="Mooncake extra_backend_tag.", show_default=False)
-    ] = None,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="Tensor-parallel ranks.")] = 1,
-    sglang_version: SglangVersionOption = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).", metavar="ADDRESS")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="HTTP port.", metavar="PORT")] = 18080,
     l3: Annotated[
-        str, typer.Option("--l3", help="embedded | none | mooncake://HOST:RPC_PORT?metrics=PORT")
+        str,
+        typer.Option("--l3", help="The L3 tier: embedded (a master of its own), none, or mooncake://HOST:RPC_PORT?metrics=PORT.",
+                     metavar="WHERE"),
     ] = "embedded",
-    segment_mb: Annotated[int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).")] = 256,
-    device: Annotated[str, typer.Option("--device", help="auto (GPUs when there are tp-size), cpu, or cuda.")] = "auto",
-    log_dir: Annotated[str | None, typer.Option("--log-dir", help="Folder for the master's and the client's logs (kept).", show_default=False)] = None,
-    keep_logs: Annotated[bool, typer.Option("--keep-logs", help="Without --log-dir: keep the temporary log folder (its path is printed).")] = False,
+    segment_mb: Annotated[
+        int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).", metavar="MIB")
+    ] = 256,
+    device: DeviceOption = Device.auto,
+    keep_logs: Annotated[
+        bool,
+        typer.Option("--keep-logs", help="Without --log-dir: keep the temporary log folder (its path is printed).",
+                     rich_help_panel=OUTPUT),
+    ] = False,
     inject_l3_latency_ms: Annotated[
-        float, typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).")
+        float,
+        typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).",
+                     metavar="MS"),
     ] = 0.0,
+    preset: PresetOption = "tiny",
+    dtype: DtypeOption = None,
+    page_size: PageSizeOption = 16,
+    device_tokens: DeviceTokensOption = 4096,
+    hicache_ratio: HicacheRatioOption = 2.0,
+    hicache_size: HicacheSizeOption = 0,
+    hicache_mem_layout: LayoutOption = HostLayout.page_first,
+    hicache_io_backend: IoBackendOption = IoBackend.kernel,
+    hicache_write_policy: WritePolicyOption = WritePolicy.write_through,
+    hicache_storage_prefetch_policy: StopPolicyOption = StopPolicy.best_effort,
+    prefetch_threshold: PrefetchThresholdOption = 256,
+    model_name: ModelNameOption = "hicache/tiny",
+    extra_backend_tag: ExtraBackendTagOption = None,
+    tp_size: TpSizeOption = 1,
+    sglang_version: SglangVersionOption = None,
+    log_dir: Annotated[
+        str | None,
+        typer.Option("--log-dir", help="Folder for the master's and the client's logs (kept).", metavar="DIR", show_default=False,
+                     rich_help_panel=OUTPUT),
+    ] = None,
 ) -> None:
     """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
     with reporting(False):
@@ -117,22 +156,22 @@ def serve(
             device_tokens=device_tokens,
             hicache_ratio=hicache_ratio,
             hicache_size_gb=hicache_size,
-            layout=hicache_mem_layout,
-            io_backend=hicache_io_backend,
-            write_policy=hicache_write_policy,
-            stop_policy=hicache_storage_prefetch_policy,
+            layout=hicache_mem_layout.value,
+            io_backend=hicache_io_backend.value,
+            write_policy=hicache_write_policy.value,
+            stop_policy=hicache_storage_prefetch_policy.value,
             prefetch_threshold=prefetch_threshold,
-            sglang_version=validate_version(sglang_version or default_version()),
+            sglang_version=validate_version(value_of(sglang_version) or default_version()),
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,
             tp_size=tp_size,
-            torch_device=check_device(device, tp_size),
+            torch_device=check_device(device.value, tp_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
         target = L3Target.parse(l3)
         check_listen(host, port)
         if host not in ("127.0.0.1", "localhost", "::1"):
-            stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
+            stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.")
 
         # Without --log-dir the logs go to a temporary folder, removed at a clean stop unless
         # --keep-logs; a serve that fails keeps it and prints its path.
@@ -182,7 +221,7 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
             pass
     finally:
         closed = runtime.stop()
-        stderr.print("hicache serve stopped; everything it started is down.", highlight=False)
+        stderr.print("hicache serve stopped; everything it started is down.")
     if not closed:
         # L3 was down: Mooncake's client close would block ~15 s for a master that is gone, and
         # its segment went with the master; end without running its destructors.

@@ -10,16 +10,33 @@ from rich.table import Table
 
 from hicache_ops.errors import InputError
 
+from .help import examples
 from .options import (
+    INPUT,
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
     JsonOption,
+    MasterOption,
+    MasterRpcOption,
+    MlaOption,
     ModelNameOption,
+    PageSizeOption,
+    PrefetchThresholdOption,
+    ServeOption,
     SglangVersionOption,
+    TimeoutOption,
     TokenizerOption,
+    TpSizeOption,
+    value_of,
 )
 from .output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache warm prompts.jsonl --serve http://127.0.0.1:18080",
+    "hicache warm prompts.jsonl --sglang-url http://10.0.0.7:30000 --master 10.0.0.5:9003 --model-name Qwen/Qwen3-8B",
+    "hicache warm --migrate-prefix Qwen-Qwen3-8B_ Qwen-Qwen3-8B-v2_ --master 10.0.0.5:9003 --master-rpc 10.0.0.5:50051",
+)
 
 _STYLE = {"written": "green", "present": "cyan", "no_page": "yellow", "not_landed": "bold red", "failed": "bold red", "pending": "dim"}
 
@@ -37,52 +54,63 @@ def _render(data: dict) -> None:
     stdout.print(
         f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
         f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; {s['bytes']:,} bytes",
-        highlight=False,
     )
     if data["error"]:
-        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", highlight=False)
+        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.")
     if data["interrupted"]:
         stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
-                     "verified. Rerun to resume: finished prompts are skipped.", highlight=False)
+                     "verified. Rerun to resume: finished prompts are skipped.")
 
 
 def warm(
-    prompts: Annotated[str | None, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", show_default=False)] = None,
+    ctx: typer.Context,
+    prompts: Annotated[
+        str | None,
+        typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", metavar="PROMPTS",
+                       show_default=False),
+    ] = None,
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str | None, typer.Option("--serve", help="The hicache serve instance to warm through [default: http://127.0.0.1:18080].", show_default=False)] = None,
-    sglang_url: Annotated[str | None, typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead.", show_default=False)] = None,
-    master: Annotated[str | None, typer.Option("--master", help="Mooncake master HOST:METRICS_PORT (with --sglang-url or --migrate-prefix).", show_default=False)] = None,
-    model_name: ModelNameOption = None,
-    extra_backend_tag: ExtraBackendTagOption = None,
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
+    serve: ServeOption = "http://127.0.0.1:18080",
+    sglang_url: Annotated[
+        str | None,
+        typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead of a serve.",
+                     metavar="URL", show_default=False, rich_help_panel=INPUT),
+    ] = None,
+    master: MasterOption = None,
+    master_rpc: MasterRpcOption = None,
+    model_name: ModelNameOption = None,
+    extra_backend_tag: ExtraBackendTagOption = None,
     sglang_version: SglangVersionOption = None,
-    page_size: Annotated[int | None, typer.Option("--page-size", help="With --sglang-url: the server's page size [default: 64].", show_default=False)] = None,
-    tp_size: Annotated[int | None, typer.Option("--tp-size", help="With --sglang-url: the server's attention TP size [default: 1].", show_default=False)] = None,
-    mla: Annotated[bool, typer.Option("--mla", help="With --sglang-url: an MLA model.")] = False,
-    prefetch_threshold: Annotated[int | None, typer.Option("--prefetch-threshold", help="With --sglang-url: the server's prefetch threshold (for the report) [default: 256].", show_default=False)] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.")] = 4,
+    page_size: PageSizeOption = 64,
+    tp_size: TpSizeOption = 1,
+    mla: MlaOption = False,
+    prefetch_threshold: PrefetchThresholdOption = 256,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.", metavar="N")] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Allow synthetic KV into an existing Mooncake cluster.")] = False,
     migrate_prefix: Annotated[
         tuple[str, str] | None,
-        typer.Option("--migrate-prefix", help="Re-key page objects from prefix FROM to TO ('' = unprefixed) instead of warming.", show_default=False),
+        typer.Option("--migrate-prefix", help="Re-key page objects from prefix FROM to TO ('' = unprefixed) instead of warming.",
+                     metavar="FROM TO", show_default=False),
     ] = None,
     remove_old: Annotated[bool, typer.Option("--remove-old", help="With --migrate-prefix: remove the originals once verified.")] = False,
-    rpc: Annotated[
-        str | None,
-        typer.Option("--rpc", envvar="MOONCAKE_MASTER", help="With --migrate-prefix: the master's HOST:RPC_PORT (default $MOONCAKE_MASTER).", show_default=False),
-    ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the serve, SGLang server or master.")] = 3.0,
+    timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Fill an L3 namespace with prompts and verify every object landed; Ctrl-C stops with a summary; reruns resume."""
+    """Fill an L3 namespace with prompts and verify every object landed; Ctrl-C stops with a summary; reruns resume.
+
+    Through a serve by default. With --sglang-url, through a real SGLang server, checked on the
+    master at --master (the deployment options describe that server, for the report). With
+    --migrate-prefix, re-key objects on the master instead: --master lists, --master-rpc copies.
+    """
     with reporting(json_output):
-        from hicache_ops.server.client import DEFAULT_URL, check_timeout
+        from hicache_ops.server.client import check_timeout
 
         check_timeout(timeout)
         if migrate_prefix is not None:
-            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, timeout, json_output)
+            _migrate(migrate_prefix, master, master_rpc, remove_old, dry_run, timeout, json_output)
             return
         if prompts is None:
             raise InputError("give a PROMPTS file (JSONL with input_ids), or --migrate-prefix FROM TO.")
@@ -90,12 +118,16 @@ def warm(
             raise InputError(f"--concurrency {concurrency} must be >= 1.")
         if remove_old:
             raise InputError("--remove-old only applies to --migrate-prefix.")
-        if sglang_url is not None and serve is not None:
+
+        def is_given(name: str) -> bool:
+            return ctx.get_parameter_source(name).name != "DEFAULT"
+
+        if sglang_url is not None and is_given("serve"):
             raise InputError("--serve and --sglang-url name two targets; give one.")
         if sglang_url is None:
-            sglang_only = {"--page-size": page_size, "--tp-size": tp_size, "--prefetch-threshold": prefetch_threshold,
-                           "--mla": mla or None, "--master": master}
-            given = [name for name, value in sglang_only.items() if value is not None]
+            sglang_only = {"--page-size": "page_size", "--tp-size": "tp_size", "--prefetch-threshold": "prefetch_threshold",
+                           "--mla": "mla", "--master": "master"}
+            given = [flag for flag, name in sglang_only.items() if is_given(name)]
             if given:
                 raise InputError(f"{', '.join(given)} only apply with --sglang-url; a serve uses its own settings and master.",
                                  hint="Drop them, or warm through --sglang-url.")
@@ -105,16 +137,16 @@ def warm(
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
         with interrupt.stop_on_signals(), _progress(len(items), json_output) as advance:
             if sglang_url is not None:
-                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, sglang_version,
-                                      64 if page_size is None else page_size, 1 if tp_size is None else tp_size, mla,
-                                      extra_key, cache_salt, 256 if prefetch_threshold is None else prefetch_threshold,
-                                      concurrency, dry_run, timeout, advance)
+                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, value_of(sglang_version),
+                                      page_size, tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency,
+                                      dry_run, timeout, advance)
             else:
                 from hicache_ops.server.client import ServeClient
                 from hicache_ops.warm import warm_serve
 
-                expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag, "sglang_version": sglang_version}
-                with ServeClient.open(serve or DEFAULT_URL, timeout_s=timeout) as client:
+                expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag,
+                          "sglang_version": value_of(sglang_version)}
+                with ServeClient.open(serve, timeout_s=timeout) as client:
                     report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
                                         concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
         data = report.to_json()
@@ -151,7 +183,7 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
 
     if master is None or rpc is None:
         raise InputError(
-            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --rpc HOST:RPC_PORT (copying)."
+            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --master-rpc HOST:RPC_PORT (copying)."
         )
 
     from .output import native_stderr_to_file
@@ -165,7 +197,6 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
             f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> {d['target_prefix'] or '(unprefixed)'}: "
             f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed {d['removed']}, "
             f"failed {len(d['failed'])}" + (" (dry run)" if d["dry_run"] else ""),
-            highlight=False,
         )
 
     emit(data, json_output, render)

@@ -60,7 +60,7 @@ def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int
     from ..mooncake.store import StoreClient, check_fits_in_memory
 
     if rounds < 1 or not cases or any(c < 1 or s < 1 for c, s in cases):
-        raise InputError("--rounds and every case's object count and size must be >= 1.")
+        raise InputError("--repeats and every case's object count and size must be >= 1.")
     largest = max(c * s for c, s in cases)
     # Room for one round of both sides plus the get set, with head-room under the eviction watermark.
     segment = max(64 << 20, 4 * largest)

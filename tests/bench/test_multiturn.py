@@ -216,7 +216,7 @@ def test_workload_histories_differ_and_are_seeded():
         (["--l1-rounds", "0"], "--l1-rounds"),
         (["--l1-tokens", "64"], "cannot hold"),
         (["--hicache-ratio", "1"], "--hicache-ratio"),
-        (["--hicache-write-policy", "write_sometimes"], "write policy"),
+        (["--hicache-write-policy", "write_sometimes"], "'write_sometimes'"),
         (["--seed", "-3"], "--seed"),
         (["--workers", "0"], "--workers"),
         (["--plot", "hit.svg"], ".png"),

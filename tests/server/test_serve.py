@@ -139,7 +139,7 @@ def test_stop_takes_down_the_master(tmp_path):
     "args, fragment",
     [
         (["--hicache-mem-layout", "page_head", "--preset", "tiny-mla"], "not supported for MLA"),
-        (["--hicache-write-policy", "write_sometimes"], "write policy"),
+        (["--hicache-write-policy", "write_sometimes"], "'write_sometimes'"),
         (["--l3", "redis://x"], "--l3"),
         (["--device-tokens", "100"], "whole number"),
         (["--preset", "llama-3.1-70b", "--device-tokens", "4000000", "--l3", "none"], "GiB of host memory"),

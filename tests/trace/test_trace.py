@@ -93,7 +93,7 @@ def test_cli_step_mode_waits_for_enter():
         (["write", "--inject", "missing-v"], "applies to"),
         (["read", "--inject", "missing-v", "--serve", "http://127.0.0.1:1"], "embedded engine only"),
         (["read", "--flush"], "--flush applies to --serve"),
-        (["read", "--hicache-write-policy", "sometimes"], "write policy"),
+        (["read", "--hicache-write-policy", "sometimes"], "'sometimes' is not one of"),
     ],
 )
 def test_cli_bad_input_exits_2(args, fragment):

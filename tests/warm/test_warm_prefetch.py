@@ -136,7 +136,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         old = [k for k in admin.get_all_keys() if k.startswith("hicache-tiny_")]
     with StoreClient.connect(rpc) as store:
         original = {k: store.get(k) for k in old}
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc, "--json"])
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc, "--json"])
     assert result.exit_code == 0, result.stdout
     data = json.loads(result.stdout)
     assert data["copied"] == len(old) and data["verified"] == len(old) and data["removed"] == 0
@@ -144,7 +144,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         for key, value in original.items():
             assert store.get("renamed_" + key[len("hicache-tiny_"):]) == value  # byte for byte
     # Resumable: the second run finds the copies in place; --remove-old then drops the originals.
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc,
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc,
                                  "--remove-old", "--json"])
     data = json.loads(result.stdout)
     assert data["already_there"] == len(old) and data["removed"] == len(old)
