@@ -77,11 +77,11 @@ def serve(
     hicache_mem_layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Host-pool layout.")] = "page_first",
     hicache_io_backend: Annotated[str, typer.Option("--hicache-io-backend", help="kernel or direct.")] = "kernel",
     hicache_write_policy: Annotated[
-        str, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back.")
+        str, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back (SGLang's default: write_through).")
     ] = "write_through",
     hicache_storage_prefetch_policy: Annotated[
-        str, typer.Option("--hicache-storage-prefetch-policy", help="best_effort, wait_complete or timeout.")
-    ] = "best_effort",
+        str, typer.Option("--hicache-storage-prefetch-policy", help="best_effort, wait_complete or timeout (SGLang's default: timeout).")
+    ] = "timeout",
     prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Extra-config prefetch_threshold (tokens).")] = 256,
     model_name: ModelNameOption = "hicache/tiny",
     extra_backend_tag: Annotated[
@@ -99,7 +99,10 @@ def serve(
         float, typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).")
     ] = 0.0,
 ) -> None:
-    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
+    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API.
+
+    Policy defaults are SGLang's, the same in 0.5.14 and 0.5.23: write policy write_through, prefetch stop policy timeout, prefetch threshold 256 tokens; the timeout budget and prefetch limits follow --sglang-version (docs/controller.md).
+    """
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.sglang.geometry import preset as load_preset

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .engine import policy as pol
+from .sglang import policy as pol
 from .tokens import Prompt
 
 
@@ -48,7 +48,9 @@ def prefetch_prompts(
         r = client.prefetch(prompt.input_ids, ek, cs)
         info = r["prefetch"]
         elapsed = info["elapsed_s"]
-        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(info["hit_pages"] * config["page_size"], config["sglang_version"])
+        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(
+            config["sglang_version"], requested_tokens=info["considered_tokens"], hit_tokens=info["hit_pages"] * config["page_size"]
+        )
         row = PrefetchRow(
             index=i,
             source=prompt.source or f"prompt {i + 1}",

@@ -146,8 +146,8 @@ def _command(kind: str):
         extra_backend_tag: ExtraBackendTagOption = None,
         write_policy: Annotated[str, typer.Option("--hicache-write-policy", help="Embedded write policy.")] = "write_through",
         stop_policy: Annotated[
-            str, typer.Option("--hicache-storage-prefetch-policy", help="Embedded prefetch stop policy.")
-        ] = "best_effort",
+            str, typer.Option("--hicache-storage-prefetch-policy", help="Embedded prefetch stop policy (SGLang's default: timeout).")
+        ] = "timeout",
         prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Embedded prefetch threshold.")] = 256,
         layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Embedded host layout.")] = "page_first",
         json_output: JsonOption = False,

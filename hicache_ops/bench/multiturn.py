@@ -131,7 +131,7 @@ class MultiturnSpec:
         positive_int("page-size", self.page_size)
         positive_int("seed", self.seed, 0)
         validate_version(self.sglang_version)
-        from ..engine.policy import check_write_policy
+        from ..sglang.policy import check_write_policy
 
         check_write_policy(self.write_policy)
         if self.l1_tokens is not None and self.l1_rounds is not None:

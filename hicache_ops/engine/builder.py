@@ -14,7 +14,7 @@ from ..sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
 from ..sglang.host_pool import HostPoolLayout
 from ..sglang.rewrites import resolve_layout
 from ..sglang.versions import NEWEST
-from . import policy as pol
+from ..sglang import policy as pol
 from .cache import CacheConfig, TieredCache
 from .planes import AccountingPlane, MemoryL3
 
@@ -28,8 +28,8 @@ class EngineSpec:
     hicache_size_gb: float = 0
     layout: str = "page_first"
     io_backend: str = "kernel"
-    write_policy: str = "write_through"
-    stop_policy: str = "best_effort"
+    write_policy: str = pol.DEFAULT_WRITE_POLICY
+    stop_policy: str = pol.DEFAULT_STOP_POLICY
     prefetch_threshold: int = pol.DEFAULT_PREFETCH_THRESHOLD
     timeout_budget: pol.TimeoutBudget = pol.TimeoutBudget()
     sglang_version: str = NEWEST

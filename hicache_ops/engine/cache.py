@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import InputError
 from ..sglang.keys import as_token_array, page_keys
 from ..sglang.versions import V0_5_14, V0_5_23, validate_version
-from . import policy as pol
+from ..sglang import policy as pol
 from .planes import DataPlane, L3Tier
 from .tree import PageNode, PageTree
 
@@ -37,8 +37,8 @@ class CacheConfig:
     page_size: int = 16
     device_pages: int = 64
     host_pages: int = 129
-    write_policy: str = "write_through"
-    stop_policy: str = "best_effort"
+    write_policy: str = pol.DEFAULT_WRITE_POLICY
+    stop_policy: str = pol.DEFAULT_STOP_POLICY
     prefetch_threshold: int = pol.DEFAULT_PREFETCH_THRESHOLD
     load_back_threshold: int = pol.LOAD_BACK_THRESHOLD
     sglang_version: str = V0_5_23
@@ -490,12 +490,15 @@ class TieredCache:
         n_pages = len(tree_keys)
         info.considered_tokens = (n_pages - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
-        capacity = pol.prefetch_capacity_tokens(self.host.capacity * ps, cfg.device_pages * ps)
+        capacity = pol.prefetch_limit_tokens(cfg.sglang_version, self.host.capacity * ps, cfg.device_pages * ps)
         if info.considered_tokens < info.threshold:
             info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
         elif not cfg.enable_l2:
             info.reason = "no host pool: L3 reads stage through L2"
-        self._emit("prefetch_decision", info=info, first_page=pos, capacity_tokens=capacity, host_free_pages=self.host.free)
+        self._emit(
+            "prefetch_decision", info=info, first_page=pos, capacity_tokens=capacity,
+            capacity_rule=pol.prefetch_limit_rule(cfg.sglang_version), host_free_pages=self.host.free,
+        )
         if info.reason:
             return []
         info.rank_hits = self.l3.contiguous_hits(storage_keys[pos:])
@@ -522,7 +525,9 @@ class TieredCache:
         info.bytes = outcome.nbytes
         self.stats.bytes_l3_read += outcome.nbytes
         result.bytes_read_from_l3 += outcome.nbytes
-        info.budget_s = cfg.timeout_budget.seconds(hit * ps, cfg.sglang_version)
+        info.budget_s = cfg.timeout_budget.seconds(
+            cfg.sglang_version, requested_tokens=info.considered_tokens, hit_tokens=hit * ps
+        )
         info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s)
         ok, done_at, deadline = outcome.ok[:hit], outcome.done_at[:hit], info.deadline_s
         total = sum(done_at)

@@ -333,12 +333,15 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             state["prefetch"] = True
             detail = {"considered_tokens": info.considered_tokens, "threshold": info.threshold,
                       "first_page": data["first_page"], "host_free_pages": data["host_free_pages"],
-                      "capacity_tokens": data["capacity_tokens"], "page_aligned": True}
+                      "capacity_tokens": data["capacity_tokens"], "capacity_rule": data["capacity_rule"],
+                      "page_aligned": True}
             if info.reason:
                 t.fail("prefetch decision", f"not issued: {info.reason}",
                        [f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {info.threshold} tokens",
                         "lower extra-config prefetch_threshold, or send a longer prompt"], detail=detail)
-            t.add("prefetch decision", PASS, f"{info.considered_tokens} page-aligned tokens to look up (threshold {info.threshold})",
+            t.add("prefetch decision", PASS, f"{info.considered_tokens} page-aligned tokens to look up (threshold {info.threshold}); "
+                  f"SGLang admits prefetches while fewer than {data['capacity_tokens']} requested tokens are in flight "
+                  f"({data['capacity_rule']})",
                   invariant="suffix >= max(prefetch_threshold, page_size)", detail=detail)
         elif event == "storage_query":
             info = data["info"]

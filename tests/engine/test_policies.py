@@ -7,7 +7,7 @@ import pytest
 
 from hicache_ops.engine.cache import CacheConfig, CapacityError, TieredCache
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
-from hicache_ops.engine.policy import TimeoutBudget
+from hicache_ops.sglang.policy import TimeoutBudget
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.keys import ObjectKeyScheme
 
@@ -131,11 +131,14 @@ def test_timeout_budget_cuts_a_slow_prefetch():
 
 
 def test_timeout_budgets_per_version():
-    assert TimeoutBudget().seconds(1024, "0.5.14") == pytest.approx(2.1)
-    assert TimeoutBudget().seconds(10 * 2**20, "0.5.14") == pytest.approx(30.0)
-    assert TimeoutBudget().seconds(1024, "0.5.23") == pytest.approx(1.25)
-    assert TimeoutBudget().seconds(10 * 2**20, "0.5.23") == pytest.approx(1.0 + 0.25 * 10 * 1024)
-    assert TimeoutBudget(base=0.5, per_ki_token=0.0, maximum=0.2).seconds(4096, "0.5.23") == pytest.approx(0.2)
+    # 0.5.14 counts the L3 hit and caps at the max; 0.5.23 counts the requested span, uncapped.
+    assert TimeoutBudget().seconds("0.5.14", requested_tokens=8192, hit_tokens=1024) == pytest.approx(2.1)
+    assert TimeoutBudget().seconds("0.5.14", requested_tokens=0, hit_tokens=10 * 2**20) == pytest.approx(30.0)
+    assert TimeoutBudget().seconds("0.5.23", requested_tokens=1024, hit_tokens=0) == pytest.approx(1.25)
+    assert TimeoutBudget().seconds("0.5.23", requested_tokens=10 * 2**20, hit_tokens=1024) == pytest.approx(1.0 + 0.25 * 10 * 1024)
+    capped = TimeoutBudget(base=0.5, per_ki_token=0.0, maximum=0.2)
+    assert capped.seconds("0.5.14", requested_tokens=4096, hit_tokens=4096) == pytest.approx(0.2)
+    assert capped.seconds("0.5.23", requested_tokens=4096, hit_tokens=4096) == pytest.approx(0.5)
 
 
 def test_namespaces_do_not_share_tree_nodes_but_0_5_14_shares_l3_keys():
