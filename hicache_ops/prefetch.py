@@ -67,7 +67,7 @@ def prefetch_prompts(
         )
         if info["hit_pages"]:
             for policy in pol.STOP_POLICIES:
-                deadline = pol.stop_deadline(policy, budget, admission)
+                deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])
                 # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
                 row.policies[policy] = {"deadline_s": None if deadline == float("inf") else deadline, "cut": elapsed > deadline}
         rows.append(row)

@@ -204,18 +204,19 @@ def clock_starts_at_issue(version: str) -> bool:
     return validate_version(version) == V0_5_14
 
 
-def stop_deadline(policy: str, budget_s: float, admission_s: float) -> float:
-    """Seconds after the read starts at which the request stops waiting for it (one request at a
-    time: the admission check comes `admission_s` after the issue).
+def stop_deadline(policy: str, budget_s: float, admission_s: float, version: str) -> float:
+    """Seconds after the prefetch's issue at which the request stops waiting for it, when its
+    first admission check comes `admission_s` after the issue.
 
-    best_effort takes what has arrived at the first check; timeout waits up to its budget;
-    wait_complete waits for every hit page (docs/controller.md#stop-policies).
+    best_effort takes what has arrived at the first check; wait_complete waits for every hit page;
+    timeout waits until its budget runs out, counted from the issue (0.5.14) or from that first
+    check (0.5.23) (docs/controller.md#stop-policies, #timeout-budget).
     """
     check_stop_policy(policy)
     if policy == "best_effort":
         return admission_s
     if policy == "timeout":
-        return max(admission_s, budget_s)
+        return max(admission_s, budget_s) if clock_starts_at_issue(version) else admission_s + budget_s
     return float("inf")
 
 

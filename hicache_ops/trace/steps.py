@@ -213,7 +213,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
         else:
             t.add("L3", FAIL, "no page reached L3", causes=["the host backup did not happen (see the write policy step)"])
             return t.steps
-    _verify_on_master(t, cache, cache.tree.match(seen.get("tree_keys", [])))
+    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])))
     return t.steps
 
 
