@@ -232,3 +232,49 @@ def test_keys_continue_a_known_prefix(version):
     whole = cache.keys_for(tokens, "tenant", None)
     head = cache.keys_for(tokens[:12], "tenant", None)
     assert cache.keys_for(tokens, "tenant", None, known=head) == whole
+
+
+# -- the concurrency model (engine/scheduler.py) ----------------------------------------------
+
+
+def _wave_after_flush(version: str):
+    """Three prompts in L3 only arrive together; the device runs one request at a time and the
+    host pool makes the in-flight limit one prefetch (0.5.14: 0.8 x (32 - 24) x 4 = 25 tokens;
+    0.5.23: 0.5 x 32 x 4 = 64 tokens, each prefetch requests 64)."""
+    from hicache_ops.engine.scheduler import WaveStats, run_wave
+
+    cache = make(sglang_version=version, device_pages=24, host_pages=32, prefetch_threshold=4)
+    prompts = [prompt(10 + c, 65) for c in range(3)]
+    for p in prompts:
+        cache.request(p, prompt(90, 1))
+    cache.flush()
+    stats = WaveStats()
+    results = run_wave(cache, [(p, prompt(90, 10)) for p in prompts], stats)  # 10 decode passes each
+    return cache, results, stats
+
+
+def test_concurrent_arrivals_over_the_limit_are_skipped_for_good_in_0_5_14():
+    cache, results, stats = _wave_after_flush("0.5.14")
+    assert [r.storage_hit for r in results] == [64, 0, 0]
+    assert all("(0.5.14: 0.8 x (host - device)); 0.5.14 never retries" in r.prefetch.reason for r in results[1:])
+    assert stats.retried == 0 and stats.max_running == 1
+
+
+def test_concurrent_arrivals_over_the_limit_are_retried_in_0_5_23():
+    cache, results, stats = _wave_after_flush("0.5.23")
+    # The second request heads the queue while the first runs: it is never held for a retry and
+    # runs without L3. The third is re-issued 8 passes after its refusal, the limit has cleared
+    # by then (the first prefetch landed at admission), and it lands when the third is admitted.
+    assert [r.storage_hit for r in results] == [64, 0, 64]
+    assert (stats.retried, stats.retried_issued) == (1, 1)
+
+
+def test_requests_hold_device_kv_while_running():
+    from hicache_ops.engine.scheduler import WaveStats, run_wave
+
+    cache = make(device_pages=8, host_pages=17, l3=False)
+    stats = WaveStats()
+    # Each request needs 4 prompt pages + its output's: two cannot run at once on 8 pages.
+    results = run_wave(cache, [(prompt(1, 16), prompt(9, 2)), (prompt(2, 16), prompt(9, 2))], stats)
+    assert [breakdown(r) for r in results] == [(0, 0, 0, 16), (0, 0, 0, 16)]
+    assert stats.max_running == 1 and cache.tree.protected_pages == 0
