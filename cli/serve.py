@@ -72,7 +72,21 @@ def serve(
     dtype: Annotated[str | None, typer.Option("--dtype", help="Override the preset's KV dtype.", show_default=False)] = None,
     page_size: PageSizeOption = 16,
     device_tokens: Annotated[int, typer.Option("--device-tokens", help="L1 pool tokens per rank.")] = 4096,
-    hicache_ratio: Annotated[float, typer.Option("--hicache-ratio", help="L2 size as a multiple of L1.")] = 2.0,
+    hicache_ratio: Annotated[
+        float,
+        typer.Option(
+            "--hicache-ratio",
+            help="L2 size as a multiple of L1. SGLang 0.5.23 sizes the host pool from free memory when neither ratio "
+            "nor size is set; the engine cannot: pass the deployment's value.",
+        ),
+    ] = 2.0,
+    hicache_host_memory_mode: Annotated[
+        str,
+        typer.Option(
+            "--hicache-host-memory-mode",
+            help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent (refused).",
+        ),
+    ] = "cache",
     hicache_size: Annotated[float, typer.Option("--hicache-size", help="L2 size in GB per rank (overrides the ratio).")] = 0,
     hicache_mem_layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Host-pool layout.")] = "page_first",
     hicache_io_backend: Annotated[str, typer.Option("--hicache-io-backend", help="kernel or direct.")] = "kernel",
@@ -129,6 +143,7 @@ def serve(
             write_policy=hicache_write_policy,
             stop_policy=hicache_storage_prefetch_policy,
             prefetch_threshold=prefetch_threshold,
+            host_memory_mode=hicache_host_memory_mode,
             sglang_version=validate_version(sglang_version or default_version()),
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,

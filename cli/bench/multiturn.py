@@ -96,11 +96,15 @@ def _render(data: dict) -> None:
                 stdout.print(
                     f"{labels[name]} at concurrency {data['workload']['concurrency']}: prefetches issued {pf['issued']:,}, "
                     f"refused by the in-flight limit {pf['rate_limited']:,} ({data['in_flight_rule']}), "
-                    f"0.5.23 retries {waves.get('retried', 0):,} ({waves.get('retried_issued', 0):,} went out); "
+                    f"0.5.23 retries {waves.get('retried', 0):,} ({waves.get('retried_issued', 0):,} went out) "
+                    f"and re-queries after a match shrank {waves.get('requeried', 0):,}; "
                     f"most in flight {_tokens(waves.get('max_in_flight_tokens', 0))} tokens",
                     highlight=False,
                 )
-    times = ", ".join(f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s" for n in configs)
+    times = ", ".join(
+        f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s ({data['configurations'][n]['cpu_s']:.1f}s CPU)"
+        for n in configs
+    )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}", highlight=False)
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}", highlight=False)

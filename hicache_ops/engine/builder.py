@@ -38,6 +38,7 @@ class EngineSpec:
     tp_size: int = 1
     tp_lcm_size: int | None = None
     enable_l2: bool = True
+    host_memory_mode: str = "cache"  # 0.5.23 --hicache-host-memory-mode; only cache is modelled
     torch_device: str = "auto"  # "auto": cuda:r per rank when there are tp_size GPUs, else cpu
 
     def host_layout(self, mooncake: bool) -> HostPoolLayout:
@@ -67,6 +68,9 @@ class EngineSpec:
         ]
 
     def cache_config(self, host: HostPoolLayout) -> CacheConfig:
+        unmodelled = pol.unmodelled_host_mode(self.host_memory_mode, self.sglang_version)
+        if unmodelled:
+            raise InputError(unmodelled)
         if self.device_tokens % self.page_size:
             raise InputError(
                 f"device tokens {self.device_tokens} are not a whole number of {self.page_size}-token pages."

@@ -205,6 +205,8 @@ class Arrival:
     rate_limited: bool = False
     retries: int = 0
     parked_at: int = 0  # the scheduler pass its prefetch was refused at
+    anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
+    matched_pages: int = 0  # its local match when its prefetch was last considered
     held: list[Node] = field(default_factory=list)
 
 
@@ -471,11 +473,17 @@ class TieredCache:
             return
         tree_keys, storage_keys = arrival.keys
         cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
-        _, pos = self.tree.local_match(tree_keys[:cap])
+        _, pos, anchor = self.tree.local_match(tree_keys[:cap])
+        arrival.matched_pages = pos
         if pos >= cap:
             return
         info = arrival.result.prefetch
         arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info)
+        if arrival.prefetch is not None and anchor is not None:
+            # The anchor's host copy is pinned until admission (SGLang's protect_host): host
+            # eviction then cannot shorten the match the prefetched pages attach to.
+            self.tree.pin_host([anchor], 1)
+            arrival.anchor = anchor
         arrival.rate_limited = info.rate_limited and pol.retries_rate_limited(self.config.sglang_version)
         info.rate_limited = False
         arrival.parked_at = pass_no
@@ -487,11 +495,34 @@ class TieredCache:
             self._queue_prefetch(arrival, pass_no)
         return arrival.prefetch is not None
 
+    def requery_after_match_loss(self, arrival: Arrival, pass_no: int) -> bool:
+        """0.5.23: a waiting request whose local match shrank since its prefetch was considered
+        (other requests' allocations evicted its pages) re-issues its prefetch from the shorter
+        match instead of being admitted on this pass, within the retry budget. True: re-issued."""
+        version = self.config.sglang_version
+        if self.l3 is None or not pol.retries_rate_limited(version) or arrival.retries >= pol.RETRY_MAX_ATTEMPTS:
+            return False
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        with self.lock:
+            _, now, _ = self.tree.local_match(arrival.keys[0][:cap])
+            if now >= arrival.matched_pages:
+                return False
+            hold, arrival.prefetch = arrival.prefetch, None
+            if hold is not None:
+                self.in_flight_tokens -= hold.requested_tokens
+                self.host.give_many(hold.host_pages)
+            if arrival.anchor is not None:
+                self.tree.pin_host([arrival.anchor], -1)
+                arrival.anchor = None
+            arrival.retries += 1
+            self._queue_prefetch(arrival, pass_no)
+        return True
+
     def admission_pages(self, arrival: Arrival) -> int:
         """Device pages the request takes when admitted: its prompt past the device match, and its
         output (SGLang reserves the decode's tokens at admission)."""
         ps = self.config.page_size
-        on_device, _ = self.tree.local_match(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
+        on_device, _, _ = self.tree.local_match(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
         return arrival.n_pages - on_device + -(-int(arrival.output.size) // ps) + 1
 
     def can_admit(self, arrival: Arrival) -> bool:
@@ -560,6 +591,9 @@ class TieredCache:
             fetched: list[Node] = []
             anchor = path[-1] if path else tree.root
             if arrival is not None:
+                if arrival.anchor is not None:
+                    tree.pin_host([arrival.anchor], -1)
+                    arrival.anchor = None
                 hold, arrival.prefetch = arrival.prefetch, None
                 if hold is not None:
                     if hold.pos != pos:  # the match moved while it queued: the pages do not attach here

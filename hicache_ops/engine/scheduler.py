@@ -5,7 +5,8 @@ when it queues a request: threshold, in-flight limit, storage query and host all
 version (docs/controller.md#in-flight-limit, #prefetch-host-allocation). Then scheduler passes run:
 each pass finishes the requests whose decode is over, re-issues 0.5.23's parked prefetches that
 are due, and admits waiting requests in queue order while the device can hold them next to the
-KV the running requests hold. An admitted request's prefetch lands (its requested tokens leave
+KV the running requests hold (0.5.23 first re-issues the prefetch of a request whose match shrank
+while it waited, and admits it on a later pass). An admitted request's prefetch lands (its requested tokens leave
 the in-flight count), its host part loads back, the rest is computed, and it runs for one pass
 per output token before its finish inserts prompt and output.
 
@@ -27,8 +28,9 @@ from .cache import Arrival, CapacityError, PrefillResult, TieredCache
 @dataclass
 class WaveStats:
     passes: int = 0
-    retried: int = 0  # 0.5.23 re-issues
+    retried: int = 0  # 0.5.23 re-issues of prefetches the in-flight limit refused
     retried_issued: int = 0  # re-issues that went out
+    requeried: int = 0  # 0.5.23 re-issues after a waiting request's match shrank
     max_running: int = 0
     max_in_flight_tokens: int = 0
 
@@ -69,7 +71,11 @@ def run_wave(
                     if cache.retry_prefetch(arrival, pass_no):
                         stats.retried_issued += 1
         admitted = []
+        requeried = 0
         for arrival in waiting:
+            if retries and cache.requery_after_match_loss(arrival, pass_no):
+                requeried += 1
+                continue
             if not cache.can_admit(arrival):
                 break  # SGLang stops adding to the batch when the device has no room
             cache.admit(arrival)
@@ -77,12 +83,13 @@ def run_wave(
             running.append((pass_no + arrival.decode_passes, arrival))
         if admitted:
             waiting = [a for a in waiting if a not in admitted]
-        elif waiting and not running:
+        elif waiting and not running and not requeried:
             raise CapacityError(
                 f"the device pool has {cache.device.capacity} pages and cannot run a request that needs "
                 f"{cache.admission_pages(waiting[0])} of them.",
                 hint="Use a larger device pool or shorter prompts.",
             )
+        stats.requeried += requeried
         stats.max_running = max(stats.max_running, len(running))
     stats.passes += pass_no
     return [a.result for a in arrivals]

@@ -270,12 +270,13 @@ class RadixTree:
 
     def split(self, node: Node, pages: int) -> Node:
         """Cut `node` after `pages` pages; returns the new prefix node, parent of the rest.
-        Both halves keep the node's hit count, access stamp and locks, as SGLang's split does."""
+        Both halves keep the node's hit count, access stamp and request locks, as SGLang's split
+        does; a host pin stays with `node` (the pinned anchor is the deeper half)."""
         parent = node.parent
         head = Node(next(self._ids), node.keys[:pages], node.storage_keys[:pages], node.depth, parent)
         self.nodes += 1
         head.hit_count, head.last_access = node.hit_count, node.last_access
-        head.lock_ref, head.host_ref = node.lock_ref, node.host_ref
+        head.lock_ref = node.lock_ref
         if node.device is not None:
             head.device, node.device = node.device[:pages], node.device[pages:]
             head.device_children = 1
@@ -476,11 +477,11 @@ class RadixTree:
             node = child
         return path, pos
 
-    def local_match(self, keys: list[str]) -> tuple[int, int]:
-        """(device pages, device + host pages) a match of `keys` would find; nothing is split or
-        stamped."""
+    def local_match(self, keys: list[str]) -> tuple[int, int, Node | None]:
+        """(device pages, device + host pages, the node it ends in) a match of `keys` would find;
+        nothing is split or stamped."""
         device = local = 0
-        node, on_device = self.root, True
+        node, on_device, last = self.root, True, None
         while local < len(keys):
             child = node.children.get(keys[local])
             if child is None or (child.device is None and child.host is None):
@@ -490,10 +491,11 @@ class RadixTree:
             if on_device:
                 device += common
             local += common
+            last = child
             if common < len(child.keys):
                 break
             node = child
-        return device, local
+        return device, local, last
 
     def pages_of(self, keys: list[str]) -> list[PageView]:
         """One view per page of the longest prefix of `keys` in the tree."""

@@ -30,15 +30,6 @@ _EVICTION_POLICIES = {V0_5_14: ("lru", "lfu", "slru", "priority"), "0.5.23": ("l
 MODELLED_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu")
 
 
-def defaults_note() -> str:
-    """One line for `--help`: whose defaults the options take."""
-    return (
-        f"Defaults are SGLang's (0.5.14 and 0.5.23 agree): write policy {DEFAULT_WRITE_POLICY}, "
-        f"prefetch stop policy {DEFAULT_STOP_POLICY}, prefetch threshold {DEFAULT_PREFETCH_THRESHOLD} tokens, "
-        f"eviction {DEFAULT_EVICTION_POLICY}."
-    )
-
-
 def check_write_policy(policy: str) -> str:
     if policy not in WRITE_POLICIES:
         raise InputError(f"write policy {policy!r} is unknown.", hint=f"Use one of: {', '.join(WRITE_POLICIES)}.")
@@ -234,14 +225,3 @@ def unmodelled_host_mode(host_memory_mode: str | None, version: str) -> str | No
             "L2 answers do not apply (docs/controller.md#not-modelled)."
         )
     return f"host memory mode {host_memory_mode!r} is not one SGLang {version} has."
-
-
-def unmodelled_auto_size(version: str, hicache_ratio: float | None, hicache_size_gb: float | None) -> str | None:
-    """0.5.23 sizes the host pool from the machine's memory when neither ratio nor size is set."""
-    if validate_version(version) == V0_5_14 or hicache_ratio or hicache_size_gb:
-        return None
-    return (
-        "SGLang 0.5.23 sizes this host pool from the machine's free memory (no --hicache-ratio or "
-        "--hicache-size given); the engine cannot know that size: pass the deployment's ratio or size "
-        "(docs/host-pool.md#auto-sizing)."
-    )

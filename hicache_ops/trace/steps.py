@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..sglang import policy as pol
 from ..sglang.keys import hash_page, namespace_seed
 
 PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
@@ -393,10 +394,11 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                 t.fail("stop policy", f"{data['policy']} stopped waiting at {info.deadline_s:.3f}s: "
                        f"{info.completed_pages} of {info.hit_pages} pages arrived in time",
                        ["L3 reads slower than the budget (network, store load)",
-                        "best_effort takes only what arrived by admission; timeout waits up to "
-                        "prefetch_timeout_base + per_ki_token * tokens/1024", "wait_complete never cuts"], detail=detail)
+                        "best_effort takes only what arrived by admission; timeout waits up to its budget, "
+                        + pol.budget_rule(cfg.sglang_version), "wait_complete never cuts"], detail=detail)
             t.add("stop policy", PASS, f"{data['policy']}: all {info.hit_pages} pages arrived in {info.elapsed_s:.3f}s "
-                  f"(timeout budget {info.budget_s:.3f}s{', timeout would cut' if info.timeout_would_cut else ''})",
+                  f"(timeout budget {info.budget_s:.3f}s, {pol.budget_rule(cfg.sglang_version)}"
+                  f"{'; timeout would cut' if info.timeout_would_cut else ''})",
                   invariant="pages completed before the policy's deadline", detail=detail)
         elif event == "insert":
             nodes = data["nodes"]

@@ -278,3 +278,11 @@ def test_requests_hold_device_kv_while_running():
     results = run_wave(cache, [(prompt(1, 16), prompt(9, 2)), (prompt(2, 16), prompt(9, 2))], stats)
     assert [breakdown(r) for r in results] == [(0, 0, 0, 16), (0, 0, 0, 16)]
     assert stats.max_running == 1 and cache.tree.protected_pages == 0
+
+
+def test_buffer_only_host_mode_is_refused_by_name():
+    from hicache_ops.engine.builder import EngineSpec
+
+    spec = EngineSpec(host_memory_mode="buffer_only", sglang_version="0.5.23")
+    with pytest.raises(InputError, match="buffer_only host memory mode"):
+        spec.cache_config(spec.host_layout(mooncake=True))
