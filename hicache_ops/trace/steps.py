@@ -319,9 +319,12 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         if event == "match":
             d, h, n = len(data["device_nodes"]), len(data["host_nodes"]), len(data["tree_keys"])
             state["pages"] = n
-            detail = {"pages": n, "device_pages": d, "host_pages": h, "trailing_tokens": len(tokens) - n * ps}
-            if n and d == n:
-                t.add("local match", INFO, f"all {n} pages are on the device: served from L1, L3 is not consulted",
+            cap = pol.match_cap_pages(len(tokens), ps)
+            detail = {"pages": n, "device_pages": d, "host_pages": h, "trailing_tokens": len(tokens) - n * ps,
+                      "match_cap_pages": cap}
+            if cap and d == cap:
+                t.add("local match", INFO, f"all {cap} pages a match may cover (input length - 1) are on the device: "
+                      "served from L1, L3 is not consulted",
                       detail=detail, causes=["flush L1/L2 first (POST /flush_cache, or --flush) to trace the L3 path"])
                 raise _Stop()
             where = "none" if not d and not h else f"device {d}, host {h}"
