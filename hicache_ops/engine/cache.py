@@ -228,6 +228,8 @@ class TieredCache:
         # Requested tokens of prefetches issued and not yet admitted (the concurrency model sets
         # it; one request at a time it is 0 when a prefetch is considered).
         self.in_flight_tokens = 0
+        # Device pages admitted requests will still take for their output (the concurrency model).
+        self.reserved_pages = 0
         self._last_backup_bytes = 0
         self._last_l3_bytes = 0
         self._request_device_evicted = 0
@@ -518,24 +520,32 @@ class TieredCache:
             self._queue_prefetch(arrival, pass_no)
         return True
 
+    def _output_pages(self, arrival: Arrival) -> int:
+        return -(-int(arrival.output.size) // self.config.page_size) + 1
+
     def admission_pages(self, arrival: Arrival) -> int:
-        """Device pages the request takes when admitted: its prompt past the device match, and its
-        output (SGLang reserves the decode's tokens at admission)."""
+        """Device pages the request takes out of the free and evictable ones when admitted: its
+        prompt past what running requests already lock, and its output (SGLang reserves the
+        decode's tokens at admission)."""
         ps = self.config.page_size
-        on_device, _, _ = self.tree.local_match(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
-        return arrival.n_pages - on_device + -(-int(arrival.output.size) // ps) + 1
+        shared = self.tree.locked_prefix_pages(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
+        return arrival.n_pages - shared + self._output_pages(arrival)
 
     def can_admit(self, arrival: Arrival) -> bool:
-        return self.admission_pages(arrival) <= self.device.capacity - self.tree.protected_pages
+        """Room next to what running requests hold and the output they have yet to write."""
+        room = self.device.capacity - self.tree.protected_pages - self.reserved_pages
+        return self.admission_pages(arrival) <= room
 
     def admit(self, arrival: Arrival) -> None:
         """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
         until `finish`."""
         with self.lock:
             _, arrival.held, _ = self._prefill(arrival.prompt, arrival.n_pages, None, None, False, False, arrival)
+            self.reserved_pages += self._output_pages(arrival)
 
     def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         with self.lock:
+            self.reserved_pages -= self._output_pages(arrival)
             try:
                 self._finish(
                     np.concatenate([arrival.prompt, arrival.output[:-1]]), arrival.keys, extra_key, cache_salt,

@@ -497,6 +497,21 @@ class RadixTree:
             node = child
         return device, local, last
 
+    def locked_prefix_pages(self, keys: list[str]) -> int:
+        """Pages of the longest prefix of `keys` already locked on the device by running requests
+        (locks cover a node's ancestors, so they form a prefix)."""
+        locked, node = 0, self.root
+        while locked < len(keys):
+            child = node.children.get(keys[locked])
+            if child is None or child.device is None or not child.lock_ref:
+                break
+            common = _common_pages(child.keys, keys, locked)
+            locked += common
+            if common < len(child.keys):
+                break
+            node = child
+        return locked
+
     def pages_of(self, keys: list[str]) -> list[PageView]:
         """One view per page of the longest prefix of `keys` in the tree."""
         path, pos = self.full_nodes(keys)
