@@ -559,7 +559,7 @@ class TieredCache:
         """The prompt half of a request; returns the result, the deepest nodes it locked, and the
         prompt's (tree, L3) page keys. With an `arrival`, its prefetch was issued when it queued
         and lands now; otherwise the prefetch is issued and landed here."""
-        cfg, ps, tree = self.config, self.config.page_size, self.tree
+        ps, tree = self.config.page_size, self.tree
         t0 = time.perf_counter()
         self._last_backup_bytes = self._last_l3_bytes = 0
         self._request_device_evicted = self._request_host_evicted = 0

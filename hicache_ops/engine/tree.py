@@ -59,9 +59,6 @@ class Node:
         self.device_children = 0
         self.host_children = 0
 
-    def __len__(self) -> int:
-        return len(self.keys)
-
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
             f"Node({self.id}, pages={len(self.keys)}, depth={self.depth}, device={self.device is not None}, "
@@ -152,7 +149,6 @@ class RadixTree:
         self.host_leaves: set[Node] = set()
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
         self.duplicates: dict[int, Node] = {}
-        self.nodes = 1
         # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
         self.protected_pages = 0
         self._childless_host_leaves = self.version != V0_5_14
@@ -257,7 +253,6 @@ class RadixTree:
         self.device_leaves.discard(node)
         self.host_leaves.discard(node)
         self.duplicates.pop(node.id, None)
-        self.nodes -= 1
         self._refresh(parent)
 
     # -- structure ------------------------------------------------------------------------------
@@ -265,7 +260,6 @@ class RadixTree:
     def _new_node(self, keys, storage_keys, depth, parent) -> Node:
         node = Node(next(self._ids), keys, storage_keys, depth, parent)
         parent.children[keys[0]] = node
-        self.nodes += 1
         return node
 
     def split(self, node: Node, pages: int) -> Node:
@@ -274,7 +268,6 @@ class RadixTree:
         does; a host pin stays with `node` (the pinned anchor is the deeper half)."""
         parent = node.parent
         head = Node(next(self._ids), node.keys[:pages], node.storage_keys[:pages], node.depth, parent)
-        self.nodes += 1
         head.hit_count, head.last_access = node.hit_count, node.last_access
         head.lock_ref = node.lock_ref
         if node.device is not None:
