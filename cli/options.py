@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from hicache_ops.engine.policy import STOP_POLICIES, WRITE_POLICIES
+from hicache_ops.sglang.policy import STOP_POLICIES, WRITE_POLICIES
 from hicache_ops.sglang.geometry import DTYPES, PRESETS
 from hicache_ops.sglang.host_pool import LAYOUTS
 from hicache_ops.sglang.rewrites import IO_BACKENDS

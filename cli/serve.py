@@ -18,6 +18,7 @@ from hicache_ops.errors import InputError
 
 from .help import examples
 from .options import (
+    DEPLOYMENT,
     OUTPUT,
     Device,
     DeviceOption,
@@ -94,6 +95,15 @@ def _panel(info: dict, url: str) -> Panel:
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).", metavar="ADDRESS")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="HTTP port.", metavar="PORT")] = 18080,
+    hicache_host_memory_mode: Annotated[
+        str,
+        typer.Option(
+            "--hicache-host-memory-mode",
+            help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent (refused).",
+            metavar="MODE",
+            rich_help_panel=DEPLOYMENT,
+        ),
+    ] = "cache",
     l3: Annotated[
         str,
         typer.Option("--l3", help="The L3 tier: embedded (a master of its own), none, or mooncake://HOST:RPC_PORT?metrics=PORT.",
@@ -122,7 +132,7 @@ def serve(
     hicache_mem_layout: LayoutOption = HostLayout.page_first,
     hicache_io_backend: IoBackendOption = IoBackend.kernel,
     hicache_write_policy: WritePolicyOption = WritePolicy.write_through,
-    hicache_storage_prefetch_policy: StopPolicyOption = StopPolicy.best_effort,
+    hicache_storage_prefetch_policy: StopPolicyOption = StopPolicy.timeout,
     prefetch_threshold: PrefetchThresholdOption = 256,
     model_name: ModelNameOption = "hicache/tiny",
     extra_backend_tag: ExtraBackendTagOption = None,
@@ -134,7 +144,10 @@ def serve(
                      rich_help_panel=OUTPUT),
     ] = None,
 ) -> None:
-    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
+    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API.
+
+    Policy defaults are SGLang's, the same in 0.5.14 and 0.5.23: write policy write_through, prefetch stop policy timeout, prefetch threshold 256 tokens; the timeout budget and prefetch limits follow --sglang-version (docs/controller.md).
+    """
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.sglang.geometry import preset as load_preset
@@ -161,6 +174,7 @@ def serve(
             write_policy=hicache_write_policy.value,
             stop_policy=hicache_storage_prefetch_policy.value,
             prefetch_threshold=prefetch_threshold,
+            host_memory_mode=hicache_host_memory_mode,
             sglang_version=validate_version(value_of(sglang_version) or default_version()),
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import interrupt
-from .engine import policy as pol
+from .sglang import policy as pol
 from .tokens import Prompt
 
 
@@ -66,7 +66,9 @@ def prefetch_prompts(
             break
         info = r["prefetch"]
         elapsed = info["elapsed_s"]
-        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(info["hit_pages"] * config["page_size"], config["sglang_version"])
+        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(
+            config["sglang_version"], requested_tokens=info["considered_tokens"], hit_tokens=info["hit_pages"] * config["page_size"]
+        )
         row = PrefetchRow(
             index=i,
             source=prompt.source or f"prompt {i + 1}",
@@ -87,7 +89,7 @@ def prefetch_prompts(
             row.reason = f"cut to zero pages: {row.reason or config['stop_policy']}; {info['hit_pages']} page(s) in L3, none inserted"
         if info["hit_pages"]:
             for policy in pol.STOP_POLICIES:
-                deadline = pol.stop_deadline(policy, budget, admission)
+                deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])
                 # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
                 row.policies[policy] = {"deadline_s": None if deadline == float("inf") else deadline, "cut": elapsed > deadline}
         rows.append(row)

@@ -102,7 +102,22 @@ def _render(data: dict) -> None:
         predicted = "none" if c["predicted"] is None else f"round {c['predicted']}"
         zero = f", zero from round {c['zero_from']}" if c["zero_from"] is not None else ""
         stdout.print(f"  {labels[name]:<9} {seen}{zero}  (predicted: {predicted})")
-    times = ", ".join(f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s" for n in configs)
+    if data["workload"].get("concurrency"):
+        for name in configs:
+            conf = data["configurations"][name]
+            pf, waves = conf["prefetches"], conf["waves"]
+            if conf["l3"]:
+                stdout.print(
+                    f"{labels[name]} at concurrency {data['workload']['concurrency']}: prefetches issued {pf['issued']:,}, "
+                    f"refused by the in-flight limit {pf['rate_limited']:,} ({data['in_flight_rule']}), "
+                    f"0.5.23 retries {waves.get('retried', 0):,} ({waves.get('retried_issued', 0):,} went out) "
+                    f"and re-queries after a match shrank {waves.get('requeried', 0):,}; "
+                    f"most in flight {_tokens(waves.get('max_in_flight_tokens', 0))} tokens",
+                )
+    times = ", ".join(
+        f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s ({data['configurations'][n]['cpu_s']:.1f}s CPU)"
+        for n in configs
+    )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
@@ -181,6 +196,17 @@ def multiturn(
     ] = None,
     plot: PlotOption = None,
     sglang_version: SglangVersionOption = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            help="Clients whose requests arrive together (48: a whole round at once, as SGLang's bench_multiturn.py "
+            "sends them); SGLang's admission, in-flight prefetch limit and retries then apply. Default: one request "
+            "at a time (the published simulation).",
+            metavar="N",
+            show_default=False,
+        ),
+    ] = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -210,6 +236,7 @@ def multiturn(
             accounting_only=accounting_only,
             sglang_version=value_of(sglang_version) or default_version(),
             preset=preset,
+            concurrency=concurrency,
         ).validate()
         if plot is not None:
             _check_writable(plot)

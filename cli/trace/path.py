@@ -191,7 +191,7 @@ def _command(kind: str):
         model_name: ModelNameOption = "hicache/tiny",
         extra_backend_tag: ExtraBackendTagOption = None,
         write_policy: WritePolicyOption = WritePolicy.write_through,
-        stop_policy: StopPolicyOption = StopPolicy.best_effort,
+        stop_policy: StopPolicyOption = StopPolicy.timeout,
         prefetch_threshold: PrefetchThresholdOption = 256,
         layout: LayoutOption = HostLayout.page_first,
         timeout: TimeoutOption = 3.0,

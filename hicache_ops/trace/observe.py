@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..engine import policy as pol
+from ..sglang import policy as pol
 from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short
 
 
@@ -112,8 +112,8 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
           f"{_short(scratch)}, verified and released", invariant="every object read > 0 bytes and each page equals its reference",
           detail=detail)
 
-    budget = cfg.timeout_budget.seconds(hit * ps, cfg.sglang_version)
-    deadline = pol.stop_deadline(cfg.stop_policy, budget, cfg.admission_s)
+    budget = cfg.timeout_budget.seconds(cfg.sglang_version, requested_tokens=considered, hit_tokens=hit * ps)
+    deadline = pol.stop_deadline(cfg.stop_policy, budget, cfg.admission_s, cfg.sglang_version)
     done = 0
     while done < len(outcome.ok) and outcome.ok[done] and outcome.done_at[done] <= deadline:
         done += 1

@@ -18,9 +18,10 @@ def invoke(*args: str):
 
 
 def first_round_over(spec_pages: int, clients: int, turn: int, page: int, rounds: int) -> int | None:
-    """The first round whose clients' histories (prompt + answer, whole pages) exceed a pool."""
+    """The first round whose clients' histories (prompt + answer but its last token, whole pages)
+    exceed a pool."""
     for r in range(rounds):
-        if clients * ((r + 1) * turn // page) > spec_pages:
+        if clients * (((r + 1) * turn - 1) // page) > spec_pages:
             return r
     return None
 
