@@ -13,7 +13,7 @@
     def test_w(fresh_mooncake_master, freeze_process):
         freeze_process(fresh_mooncake_master.pid)   # a silent master: SIGSTOP, resumed at teardown
 
-Objects live in the segment of the client that mounted them (FACTS §7): puts from clients that
+Objects live in the segment of the client that mounted them (docs/mooncake.md#segments-and-ttl): puts from clients that
 mount nothing land in `mooncake_segment_owner`'s segment and outlive those clients. The session
 master is shared: give each test's keys a unique prefix. Master logs go under pytest's tmp_path
 (`master.log_path`), which pytest rotates.

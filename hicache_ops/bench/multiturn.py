@@ -1,4 +1,4 @@
-"""The multi-turn benchmark of seed 002 / FACTS §8, run against the embedded tiered cache.
+"""The multi-turn benchmark (docs/workloads.md#multi-turn-workload), run against the embedded tiered cache.
 
 Workload (SGLang's `benchmark/hicache/bench_multiturn.py`): `clients` conversations, each with a
 growing history of random token ids (one fixed seed, a different history per client). In round r
@@ -20,7 +20,7 @@ the accounting-only mode and the real-bytes mode is the plane factory (`_build_a
 `_build_bytes`): the engine builder's byte-free planes, or real device/host pools and Mooncake.
 
 The ceiling: round r's prompt has r*(new+output) tokens of history and `new` fresh ones, so no
-cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 that is FACTS §8's
+cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 that is
 4112r / (4096(r+1) + 16r). A page-granular cache reaches floor(r*(n+o)/page)*page of it
 (`ceiling_paged`).
 
@@ -43,10 +43,10 @@ from ..sglang.versions import NEWEST, validate_version
 
 CONFIGS: tuple[str, ...] = ("l1", "l1_l2", "l1_l2_l3")
 LABELS: dict[str, str] = {"l1": "L1", "l1_l2": "L1+L2", "l1_l2_l3": "L1+L2+L3"}
-# The published run's seed (seed 002: `bench_multiturn.py` draws token ids with 20260626).
+# The published run's random seed (`bench_multiturn.py` draws token ids with 20260626).
 PUBLISHED_SEED = 20260626
-# Seed 002 puts the GPU pool at 18 rounds of every client's history to land the L1 cliff where
-# the published figure shows it.
+# The published run's GPU pool holds 18 rounds of every client's history: the L1 cliff lands where
+# its figure shows it (docs/workloads.md#multi-turn-workload).
 DEFAULT_L1_ROUNDS = 18.0
 # Random token ids are drawn below this (a typical vocabulary size).
 VOCAB_SIZE = 32000
@@ -199,7 +199,7 @@ class MultiturnSpec:
 
     @property
     def host_pages(self) -> int:
-        """SGLang's host pool: int(device tokens x ratio) // page + 1 pages (FACTS §3)."""
+        """SGLang's host pool: int(device tokens x ratio) // page + 1 pages (docs/host-pool.md#size)."""
         return self.engine_spec("l1_l2").host_layout(mooncake=True).page_num
 
     def predicted_cliffs(self) -> dict[str, int | None]:

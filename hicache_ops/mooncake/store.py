@@ -8,7 +8,7 @@
     got = owner.batch_get_into(keys, ptrs, sizes)                      # per key: bytes read or < 0
     client.remove_prefix("Qwen-Qwen3-0.6B_")                           # never outside a prefix
 
-Why the rules (FACTS §7):
+Why the rules (docs/mooncake.md#segments-and-ttl, #client-setup):
 - Objects live in the segment of the client that mounted them; a client that closes takes its
   objects with it. So exactly one long-lived process owns a segment (`segment_size > 0`) and
   short-lived commands mount none (`segment_size=0`, the default here).
@@ -234,7 +234,7 @@ class StoreClient:
             raise InputError(f"segment size {segment_size} is negative.")
         tcp_probe(host, port, timeout=min(1.0, setup_timeout), what="Mooncake master RPC service")
         if metadata_server.lower().startswith("http") and is_loopback(local_hostname):
-            # Otherwise peers dial the first non-loopback address (FACTS §7).
+            # Otherwise peers dial the first non-loopback address (docs/mooncake.md#client-setup).
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
 
         from mooncake.store import MooncakeDistributedStore

@@ -4,7 +4,7 @@ The trace runs the real engine path (TieredCache.prefill) with an observer: each
 path becomes a step that says what it did, the state it changed, its time, and whether the
 invariant it checks holds (PASS/FAIL), checked at that moment against the reference bytes, the
 keys as SGLang computes them, and the Mooncake master. Reporting stops at the first failing step,
-which names the likely causes. Seed 001's three easy-to-confuse states — the backend exists, the
+which names the likely causes. Three states that are easy to confuse — the backend exists, the
 bytes moved, the prefix was reused — are separate steps here.
 """
 

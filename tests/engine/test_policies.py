@@ -1,4 +1,4 @@
-"""The tiered cache's decisions (FACTS §4), in accounting mode: same code as the real-bytes mode."""
+"""The tiered cache's decisions (docs/controller.md), in accounting mode: same code as the real-bytes mode."""
 
 from __future__ import annotations
 
