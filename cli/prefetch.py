@@ -7,9 +7,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .options import CacheSaltOption, ExtraKeyOption, JsonOption, TokenizerOption
-from .output import emit, reporting, stdout
-from .sglang_url import SglangCompareUrlOption, SglangTimeoutOption, warn_serve_disagreements
+from .help import examples
+from .options import CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TimeoutOption, TokenizerOption
+from .output import emit, reporting, stderr, stdout
+from .sglang_url import SglangCompareUrlOption, warn_serve_disagreements
+
+EXAMPLES = examples(
+    "hicache prefetch prompts.jsonl --serve http://127.0.0.1:18080",
+    "hicache prefetch prompts.jsonl --extra-key tenant-a --json",
+)
 
 
 def _render(data: dict) -> None:
@@ -25,17 +31,20 @@ def _render(data: dict) -> None:
 
 
 def prefetch(
-    prompts: Annotated[str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.")],
+    prompts: Annotated[
+        str, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", metavar="PROMPTS")
+    ],
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance.")] = "http://127.0.0.1:18080",
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
+    serve: ServeOption = "http://127.0.0.1:18080",
     sglang_url: SglangCompareUrlOption = None,
-    sglang_timeout: SglangTimeoutOption = 5.0,
+    timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Ask a serve instance to prefetch each prompt from L3 into its host pool."""
+    """Ask a serve instance to prefetch each prompt from L3 into its host pool; Ctrl-C stops with what was done."""
     with reporting(json_output):
+        from hicache_ops import interrupt
         from hicache_ops.prefetch import prefetch_prompts
         from hicache_ops.server.client import ServeClient
         from hicache_ops.tokens import Tokenizer, read_prompts
@@ -44,13 +53,18 @@ def prefetch(
         if sglang_url is not None:
             from hicache_ops.sglang.server_info import read_server, serve_disagreements
 
-            server = read_server(sglang_url, timeout=sglang_timeout)
-        with ServeClient(serve, timeout_s=300) as client:
-            config, rows = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt)
-        data = {"serve": serve, "stop_policy": config["stop_policy"], "prompts": [r.to_json() for r in rows]}
+            server = read_server(sglang_url, timeout=timeout)
+        with interrupt.stop_on_signals(), ServeClient.open(serve, timeout_s=timeout) as client:
+            report = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt)
+        rows = report.rows
+        data = {"serve": serve, "stop_policy": report.config["stop_policy"], "interrupted": report.interrupted,
+                "prompts": [r.to_json() for r in rows]}
         if sglang_url is not None:
-            data["server_disagreements"] = serve_disagreements(config, server)
+            data["server_disagreements"] = serve_disagreements(report.config, server)
             warn_serve_disagreements(data["server_disagreements"])
         emit(data, json_output, _render)
+        if report.interrupted:
+            stderr.print(f"[bold yellow]interrupted[/] ({report.interrupted}) after {len(rows)} of {len(items)} prompt(s).")
+            raise typer.Exit(interrupt.EXIT_CODE)
         if any(not r.verified for r in rows):
             raise typer.Exit(1)

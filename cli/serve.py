@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import signal
-import socket
+import sys
+import tempfile
 from typing import Annotated
 
 import typer
@@ -12,8 +16,40 @@ from rich.table import Table
 
 from hicache_ops.errors import InputError
 
-from .options import ModelNameOption, PageSizeOption, SglangVersionOption
+from .help import examples
+from .options import (
+    DEPLOYMENT,
+    OUTPUT,
+    Device,
+    DeviceOption,
+    DeviceTokensOption,
+    DtypeOption,
+    ExtraBackendTagOption,
+    HicacheRatioOption,
+    HicacheSizeOption,
+    HostLayout,
+    IoBackend,
+    IoBackendOption,
+    LayoutOption,
+    ModelNameOption,
+    PageSizeOption,
+    PrefetchThresholdOption,
+    PresetOption,
+    SglangVersionOption,
+    StopPolicy,
+    StopPolicyOption,
+    TpSizeOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
+)
 from .output import native_stderr_to_file, reporting, stderr
+
+EXAMPLES = examples(
+    "hicache serve",
+    "hicache serve --preset qwen3-0.6b --page-size 64 --hicache-write-policy write_back",
+    "hicache serve --l3 'mooncake://10.0.0.5:50051?metrics=9003' --inject-l3-latency-ms 5",
+)
 
 
 class _StopRequested(Exception):
@@ -22,15 +58,6 @@ class _StopRequested(Exception):
 
 def _stop_requested(signum, frame) -> None:
     raise _StopRequested()
-
-
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}.", hint="Pick another --port.") from None
 
 
 def _panel(info: dict, url: str) -> Panel:
@@ -66,53 +93,74 @@ def _panel(info: dict, url: str) -> Panel:
 
 
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 18080,
-    preset: Annotated[str, typer.Option("--preset", help="Model geometry preset (see `hicache inspect layout`).")] = "tiny",
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Override the preset's KV dtype.", show_default=False)] = None,
-    page_size: PageSizeOption = 16,
-    device_tokens: Annotated[int, typer.Option("--device-tokens", help="L1 pool tokens per rank.")] = 4096,
-    hicache_ratio: Annotated[float, typer.Option("--hicache-ratio", help="L2 size as a multiple of L1.")] = 2.0,
-    hicache_size: Annotated[float, typer.Option("--hicache-size", help="L2 size in GB per rank (overrides the ratio).")] = 0,
-    hicache_mem_layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Host-pool layout.")] = "page_first",
-    hicache_io_backend: Annotated[str, typer.Option("--hicache-io-backend", help="kernel or direct.")] = "kernel",
-    hicache_write_policy: Annotated[
-        str, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back.")
-    ] = "write_through",
-    hicache_storage_prefetch_policy: Annotated[
-        str, typer.Option("--hicache-storage-prefetch-policy", help="best_effort, wait_complete or timeout.")
-    ] = "best_effort",
-    prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Extra-config prefetch_threshold (tokens).")] = 256,
-    model_name: ModelNameOption = "hicache/tiny",
-    extra_backend_tag: Annotated[
-        str | None, typer.Option("--extra-backend-tag", help="Mooncake extra_backend_tag.", show_default=False)
-    ] = None,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="Tensor-parallel ranks.")] = 1,
-    sglang_version: SglangVersionOption = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).", metavar="ADDRESS")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="HTTP port.", metavar="PORT")] = 18080,
+    hicache_host_memory_mode: Annotated[
+        str,
+        typer.Option(
+            "--hicache-host-memory-mode",
+            help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent (refused).",
+            metavar="MODE",
+            rich_help_panel=DEPLOYMENT,
+        ),
+    ] = "cache",
     l3: Annotated[
-        str, typer.Option("--l3", help="embedded | none | mooncake://HOST:RPC_PORT?metrics=PORT")
+        str,
+        typer.Option("--l3", help="The L3 tier: embedded (a master of its own), none, or mooncake://HOST:RPC_PORT?metrics=PORT.",
+                     metavar="WHERE"),
     ] = "embedded",
-    segment_mb: Annotated[int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).")] = 256,
-    device: Annotated[str, typer.Option("--device", help="auto (GPUs when there are tp-size), cpu, or cuda.")] = "auto",
-    log_dir: Annotated[str | None, typer.Option("--log-dir", help="Folder for the master's log.", show_default=False)] = None,
+    segment_mb: Annotated[
+        int, typer.Option("--segment-mb", help="Mooncake segment this process mounts (MiB).", metavar="MIB")
+    ] = 256,
+    device: DeviceOption = Device.auto,
+    keep_logs: Annotated[
+        bool,
+        typer.Option("--keep-logs", help="Without --log-dir: keep the temporary log folder (its path is printed).",
+                     rich_help_panel=OUTPUT),
+    ] = False,
     inject_l3_latency_ms: Annotated[
-        float, typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).")
+        float,
+        typer.Option("--inject-l3-latency-ms", help="Fault injection: simulated extra ms per L3 page read (stop-policy drills).",
+                     metavar="MS"),
     ] = 0.0,
+    preset: PresetOption = "tiny",
+    dtype: DtypeOption = None,
+    page_size: PageSizeOption = 16,
+    device_tokens: DeviceTokensOption = 4096,
+    hicache_ratio: HicacheRatioOption = 2.0,
+    hicache_size: HicacheSizeOption = 0,
+    hicache_mem_layout: LayoutOption = HostLayout.page_first,
+    hicache_io_backend: IoBackendOption = IoBackend.kernel,
+    hicache_write_policy: WritePolicyOption = WritePolicy.write_through,
+    hicache_storage_prefetch_policy: StopPolicyOption = StopPolicy.timeout,
+    prefetch_threshold: PrefetchThresholdOption = 256,
+    model_name: ModelNameOption = "hicache/tiny",
+    extra_backend_tag: ExtraBackendTagOption = None,
+    tp_size: TpSizeOption = 1,
+    sglang_version: SglangVersionOption = None,
+    log_dir: Annotated[
+        str | None,
+        typer.Option("--log-dir", help="Folder for the master's and the client's logs (kept).", metavar="DIR", show_default=False,
+                     rich_help_panel=OUTPUT),
+    ] = None,
 ) -> None:
-    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API."""
+    """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API.
+
+    Policy defaults are SGLang's, the same in 0.5.14 and 0.5.23: write policy write_through, prefetch stop policy timeout, prefetch threshold 256 tokens; the timeout budget and prefetch limits follow --sglang-version (docs/controller.md).
+    """
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.sglang.geometry import preset as load_preset
-        from hicache_ops.server.runtime import L3Target
+        from hicache_ops.server.runtime import L3Target, check_device, check_listen, check_log_dir, check_segment
         from hicache_ops.sglang.versions import default_version, validate_version
 
         geometry = load_preset(preset)
         if dtype is not None:
             geometry = geometry.with_dtype(dtype)
-        if not 0 < port < 65536:
-            raise InputError(f"--port {port} is not a TCP port (1-65535).")
-        if segment_mb <= 0:
-            raise InputError(f"--segment-mb {segment_mb} must be > 0.")
+        check_segment(segment_mb * 2**20)
+        check_log_dir(log_dir)
+        if keep_logs and log_dir is not None:
+            raise InputError("--keep-logs applies without --log-dir; a --log-dir is always kept.")
         if inject_l3_latency_ms < 0:
             raise InputError(f"--inject-l3-latency-ms {inject_l3_latency_ms} must be >= 0.")
         spec = EngineSpec(
@@ -121,29 +169,52 @@ def serve(
             device_tokens=device_tokens,
             hicache_ratio=hicache_ratio,
             hicache_size_gb=hicache_size,
-            layout=hicache_mem_layout,
-            io_backend=hicache_io_backend,
-            write_policy=hicache_write_policy,
-            stop_policy=hicache_storage_prefetch_policy,
+            layout=hicache_mem_layout.value,
+            io_backend=hicache_io_backend.value,
+            write_policy=hicache_write_policy.value,
+            stop_policy=hicache_storage_prefetch_policy.value,
             prefetch_threshold=prefetch_threshold,
-            sglang_version=validate_version(sglang_version or default_version()),
+            host_memory_mode=hicache_host_memory_mode,
+            sglang_version=validate_version(value_of(sglang_version) or default_version()),
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,
             tp_size=tp_size,
-            torch_device="auto" if device == "auto" else device,
+            torch_device=check_device(device.value, tp_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
         target = L3Target.parse(l3)
-        _check_port_free(host, port)
+        check_listen(host, port)
         if host not in ("127.0.0.1", "localhost", "::1"):
-            stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.", highlight=False)
+            stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.")
 
-        with native_stderr_to_file(log_dir, restore=False) as native_log:
-            _run(spec, target, segment_mb, log_dir, host, port, native_log, inject_l3_latency_ms / 1e3)
+        # Without --log-dir the logs go to a temporary folder, removed at a clean stop unless
+        # --keep-logs; a serve that fails keeps it and prints its path.
+        folder = log_dir or tempfile.mkdtemp(prefix="hicache-serve-")
+        remove = log_dir is None and not keep_logs
+        failed = False
+        try:
+            with native_stderr_to_file(folder, restore=False) as native_log:
+                _run(spec, target, segment_mb, folder, host, port, native_log, inject_l3_latency_ms / 1e3, remove)
+        except Exception:  # an interrupt is not a failure the logs would explain
+            failed = True
+            raise
+        finally:
+            # A serve that failed before Mooncake logged anything has nothing to keep.
+            said_nothing = all(entry.stat().st_size == 0 for entry in os.scandir(folder))
+            if remove and (not failed or said_nothing):
+                shutil.rmtree(folder, ignore_errors=True)
+            elif log_dir is None:
+                stderr.print(f"logs kept in {folder}", highlight=False)
 
 
-def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float) -> None:
+def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float, remove_logs: bool) -> None:
     from hicache_ops.server.runtime import Runtime
+
+    # The L3 watch logs the tier going down or up again; sys.stderr is the terminal here.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s hicache serve: %(message)s", "%H:%M:%S"))
+    logging.getLogger("hicache").addHandler(handler)
+    logging.getLogger("hicache").setLevel(logging.INFO)
 
     runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
     try:
@@ -163,5 +234,13 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
         except _StopRequested:
             pass
     finally:
-        runtime.stop()
-        stderr.print("hicache serve stopped; everything it started is down.", highlight=False)
+        closed = runtime.stop()
+        stderr.print("hicache serve stopped; everything it started is down.")
+    if not closed:
+        # L3 was down: Mooncake's client close would block ~15 s for a master that is gone, and
+        # its segment went with the master; end without running its destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if remove_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+        os._exit(0)

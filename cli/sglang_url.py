@@ -2,18 +2,23 @@
 
 One decorator gives a command the option; the command itself stays unchanged. Options the user
 set on the command line keep their value; each that disagrees with the server is printed as a
-warning and listed as `server_disagreements` in the command's JSON (docs/server-info.md).
+warning and listed as `server_disagreements` in the command's JSON (docs/server-info.md#toolkit-use).
+The server is asked within the command's `--timeout` (added when the command has none).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
 
+from .options import INPUT, TimeoutOption
 from .output import JSON_EXTRAS, reporting, stderr
 
 SglangUrlOption = Annotated[
@@ -24,6 +29,7 @@ SglangUrlOption = Annotated[
         help="A running SGLang server: options not given are read from its /server_info; "
         "a given option that disagrees with it is reported.",
         show_default=False,
+        rich_help_panel=INPUT,
     ),
 ]
 SglangCompareUrlOption = Annotated[
@@ -33,11 +39,10 @@ SglangCompareUrlOption = Annotated[
         metavar="URL",
         help="A running SGLang server: report where the serve instance's configuration differs from it.",
         show_default=False,
+        rich_help_panel=INPUT,
     ),
 ]
-SglangTimeoutOption = Annotated[
-    float, typer.Option("--sglang-timeout", metavar="SECONDS", help="With --sglang-url: seconds to wait for the server.")
-]
+DEFAULT_TIMEOUT_S = 3.0
 # Where a value came from when the user typed it (click's ParameterSource names).
 _GIVEN_SOURCES = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
@@ -54,7 +59,36 @@ def _flag(ctx: typer.Context, name: str, value: Any = None) -> str:
     if isinstance(value, bool):
         off = param.secondary_opts if param is not None else []
         return flag if value else (off[0] if off else f"{flag}=false")
+    if isinstance(value, Enum):
+        value = value.value
     return flag if value is None else f"{flag} {value}"
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def _choices_of(annotation: Any) -> type[Enum] | None:
+    """The Enum an option's annotation takes (`Annotated[HostLayout | None, ...]` -> HostLayout)."""
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation
+    if isinstance(base, types.UnionType) or typing.get_origin(base) is typing.Union:
+        base = next((a for a in typing.get_args(base) if a is not type(None)), base)
+    return base if isinstance(base, type) and issubclass(base, Enum) else None
+
+
+def _as_option(value: Any, choices: type[Enum] | None, flag: str) -> Any:
+    """A server value in the type the option takes; one the option does not offer is an InputError."""
+    if choices is None:
+        return value
+    try:
+        return choices(value)
+    except ValueError:
+        from hicache_ops.errors import InputError
+
+        raise InputError(
+            f"the SGLang server's {flag} {value!r} is not one this toolkit knows "
+            f"({', '.join(member.value for member in choices)})."
+        ) from None
 
 
 def _report(ctx: typer.Context, resolution, params_for: dict[str, str], applied: list[str]) -> None:
@@ -92,32 +126,39 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
-        params = list(signature.parameters.values())
-        unknown = set(params_for.values()) - {p.name for p in params}
+        params = {p.name: p for p in signature.parameters.values()}
+        unknown = set(params_for.values()) - set(params)
         if unknown:
             raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(unknown))}")
-        at = next((i for i, p in enumerate(params) if p.name == "json_output"), len(params))
-        added = [
-            inspect.Parameter("sglang_url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SglangUrlOption),
-            inspect.Parameter("sglang_timeout", inspect.Parameter.KEYWORD_ONLY, default=5.0, annotation=SglangTimeoutOption),
-            inspect.Parameter("sglang_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
-        ]
-        kinds = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        choices = {name: _choices_of(params[name].annotation) for name in params_for.values()}
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        # typer hands the context to one parameter only: reuse the command's own when it has one.
+        ctx_name = next((n for n, p in params.items() if p.annotation is typer.Context), None)
+        added = [inspect.Parameter("sglang_url", keyword, default=None, annotation=SglangUrlOption)]
+        if "timeout" not in params:
+            added.append(inspect.Parameter("timeout", keyword, default=DEFAULT_TIMEOUT_S, annotation=TimeoutOption))
+        if ctx_name is None:
+            added.append(inspect.Parameter("sglang_ctx", keyword, annotation=typer.Context))
+        own = [p.replace(kind=keyword) for p in params.values()]
+        at = next((i for i, p in enumerate(own) if p.name == "json_output"), len(own))
 
         @functools.wraps(command)
-        def wrapper(*, sglang_url: str | None, sglang_timeout: float, sglang_ctx: typer.Context, **kwargs: Any):
+        def wrapper(*, sglang_url: str | None, **kwargs: Any):
+            ctx = kwargs[ctx_name] if ctx_name else kwargs.pop("sglang_ctx")
+            timeout = kwargs["timeout"] if "timeout" in params else kwargs.pop("timeout")
             if sglang_url is None:
                 return command(**kwargs)
             json_output = bool(kwargs.get("json_output", False))
             with reporting(json_output):
                 from hicache_ops.sglang.server_info import resolve_from_server
 
-                given = {f: kwargs[p] for f, p in params_for.items() if _given(sglang_ctx, p)}
-                resolution = resolve_from_server(sglang_url, given, timeout=sglang_timeout)
-            applied = [f for f in params_for if f in resolution.values and f not in given]
-            for name in applied:
-                kwargs[params_for[name]] = resolution.values[name]
-            _report(sglang_ctx, resolution, params_for, applied)
+                given = {f: _plain(kwargs[p]) for f, p in params_for.items() if _given(ctx, p)}
+                resolution = resolve_from_server(sglang_url, given, timeout=timeout)
+                applied = [f for f in params_for if f in resolution.values and f not in given]
+                for name in applied:
+                    param = params_for[name]
+                    kwargs[param] = _as_option(resolution.values[name], choices[param], _flag(ctx, param))
+            _report(ctx, resolution, params_for, applied)
             token = JSON_EXTRAS.set(
                 {"sglang_server": resolution.to_json(), "server_disagreements": resolution.disagreements}
             )
@@ -126,7 +167,7 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
             finally:
                 JSON_EXTRAS.reset(token)
 
-        wrapper.__signature__ = signature.replace(parameters=[*kinds[:at], *added, *kinds[at:]])
+        wrapper.__signature__ = signature.replace(parameters=[*own[:at], *added, *own[at:]])
         return wrapper
 
     return decorate

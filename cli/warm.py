@@ -10,17 +10,33 @@ from rich.table import Table
 
 from hicache_ops.errors import InputError
 
+from .help import examples
 from .options import (
+    INPUT,
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
     JsonOption,
+    MasterOption,
+    MasterRpcOption,
+    MlaOption,
     ModelNameOption,
     PageSizeOption,
+    PrefetchThresholdOption,
+    ServeOption,
     SglangVersionOption,
+    TimeoutOption,
     TokenizerOption,
+    TpSizeOption,
+    value_of,
 )
 from .output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache warm prompts.jsonl --serve http://127.0.0.1:18080",
+    "hicache warm prompts.jsonl --sglang-url http://10.0.0.7:30000 --master 10.0.0.5:9003 --model-name Qwen/Qwen3-8B",
+    "hicache warm --migrate-prefix Qwen-Qwen3-8B_ Qwen-Qwen3-8B-v2_ --master 10.0.0.5:9003 --master-rpc 10.0.0.5:50051",
+)
 
 _STYLE = {"written": "green", "present": "cyan", "no_page": "yellow", "not_landed": "bold red", "failed": "bold red", "pending": "dim"}
 
@@ -38,45 +54,63 @@ def _render(data: dict) -> None:
     stdout.print(
         f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
         f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; {s['bytes']:,} bytes",
-        highlight=False,
     )
     if data["error"]:
-        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", highlight=False)
+        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.")
+    if data["interrupted"]:
+        stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
+                     "verified. Rerun to resume: finished prompts are skipped.")
 
 
 def warm(
-    prompts: Annotated[str | None, typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", show_default=False)] = None,
+    ctx: typer.Context,
+    prompts: Annotated[
+        str | None,
+        typer.Argument(help="JSONL with input_ids (or text with --tokenizer); - for stdin.", metavar="PROMPTS",
+                       show_default=False),
+    ] = None,
     tokenizer: TokenizerOption = None,
-    serve: Annotated[str, typer.Option("--serve", help="The hicache serve instance to warm through.")] = "http://127.0.0.1:18080",
-    sglang_url: Annotated[str | None, typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead.", show_default=False)] = None,
-    master: Annotated[str | None, typer.Option("--master", help="Mooncake master HOST:METRICS_PORT (with --sglang-url or --migrate-prefix).", show_default=False)] = None,
-    model_name: ModelNameOption = None,
-    extra_backend_tag: ExtraBackendTagOption = None,
     extra_key: ExtraKeyOption = None,
     cache_salt: CacheSaltOption = None,
+    serve: ServeOption = "http://127.0.0.1:18080",
+    sglang_url: Annotated[
+        str | None,
+        typer.Option("--sglang-url", help="Warm through a real SGLang server's /generate instead of a serve.",
+                     metavar="URL", show_default=False, rich_help_panel=INPUT),
+    ] = None,
+    master: MasterOption = None,
+    master_rpc: MasterRpcOption = None,
+    model_name: ModelNameOption = None,
+    extra_backend_tag: ExtraBackendTagOption = None,
     sglang_version: SglangVersionOption = None,
     page_size: PageSizeOption = 64,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="With --sglang-url: the server's attention TP size.")] = 1,
-    mla: Annotated[bool, typer.Option("--mla", help="With --sglang-url: an MLA model.")] = False,
-    prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="With --sglang-url: the server's prefetch threshold (for the report).")] = 256,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.")] = 4,
+    tp_size: TpSizeOption = 1,
+    mla: MlaOption = False,
+    prefetch_threshold: PrefetchThresholdOption = 256,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.", metavar="N")] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Allow synthetic KV into an existing Mooncake cluster.")] = False,
     migrate_prefix: Annotated[
         tuple[str, str] | None,
-        typer.Option("--migrate-prefix", help="Re-key page objects from prefix FROM to TO ('' = unprefixed) instead of warming.", show_default=False),
+        typer.Option("--migrate-prefix", help="Re-key page objects from prefix FROM to TO ('' = unprefixed) instead of warming.",
+                     metavar="FROM TO", show_default=False),
     ] = None,
     remove_old: Annotated[bool, typer.Option("--remove-old", help="With --migrate-prefix: remove the originals once verified.")] = False,
-    rpc: Annotated[
-        str | None,
-        typer.Option("--rpc", envvar="MOONCAKE_MASTER", help="With --migrate-prefix: the master's HOST:RPC_PORT (default $MOONCAKE_MASTER).", show_default=False),
-    ] = None,
+    timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Fill an L3 namespace with prompts and verify every object landed; reruns resume."""
+    """Fill an L3 namespace with prompts and verify every object landed; Ctrl-C stops with a summary; reruns resume.
+
+    Through a serve by default. With --sglang-url, through a real SGLang server, checked on the
+    master at --master (the deployment options describe that server, for the report). With
+    --migrate-prefix, re-key objects on the master instead: --master lists, --master-rpc copies.
+    """
     with reporting(json_output):
+        from hicache_ops.server.client import check_timeout
+
+        check_timeout(timeout)
         if migrate_prefix is not None:
-            _migrate(migrate_prefix, master, rpc, remove_old, dry_run, json_output)
+            _migrate(migrate_prefix, master, master_rpc, remove_old, dry_run, timeout, json_output)
             return
         if prompts is None:
             raise InputError("give a PROMPTS file (JSONL with input_ids), or --migrate-prefix FROM TO.")
@@ -84,55 +118,78 @@ def warm(
             raise InputError(f"--concurrency {concurrency} must be >= 1.")
         if remove_old:
             raise InputError("--remove-old only applies to --migrate-prefix.")
+
+        def is_given(name: str) -> bool:
+            return ctx.get_parameter_source(name).name != "DEFAULT"
+
+        if sglang_url is not None and is_given("serve"):
+            raise InputError("--serve and --sglang-url name two targets; give one.")
+        if sglang_url is None:
+            sglang_only = {"--page-size": "page_size", "--tp-size": "tp_size", "--prefetch-threshold": "prefetch_threshold",
+                           "--mla": "mla", "--master": "master"}
+            given = [flag for flag, name in sglang_only.items() if is_given(name)]
+            if given:
+                raise InputError(f"{', '.join(given)} only apply with --sglang-url; a serve uses its own settings and master.",
+                                 hint="Drop them, or warm through --sglang-url.")
+        from hicache_ops import interrupt
         from hicache_ops.tokens import Tokenizer, read_prompts
 
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
-        with _progress(len(items), json_output) as advance:
+        with interrupt.stop_on_signals(), _progress(len(items), json_output) as advance:
             if sglang_url is not None:
-                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, sglang_version, page_size,
-                                      tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency, dry_run, advance)
+                report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, value_of(sglang_version),
+                                      page_size, tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency,
+                                      dry_run, timeout, advance)
             else:
                 from hicache_ops.server.client import ServeClient
                 from hicache_ops.warm import warm_serve
 
-                expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag, "sglang_version": sglang_version}
-                with ServeClient(serve, timeout_s=300) as client:
+                expect = {"model_name": model_name, "extra_backend_tag": extra_backend_tag,
+                          "sglang_version": value_of(sglang_version)}
+                with ServeClient.open(serve, timeout_s=timeout) as client:
                     report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
                                         concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
         data = report.to_json()
         emit(data, json_output, _render)
+        if report.interrupted:
+            raise typer.Exit(interrupt.EXIT_CODE)
         if report.error:
             raise typer.Exit(3)
         if not report.complete and not dry_run:
             raise typer.Exit(1)
 
 
-def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, advance):
+def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, timeout, advance):
     from hicache_ops.inspect.keys import Deployment
     from hicache_ops.sglang.versions import default_version, validate_version
     from hicache_ops.warm import warm_sglang
 
     if master is None:
         raise InputError("--sglang-url needs --master HOST:METRICS_PORT to check what SGLang wrote.")
+    if page_size < 1:
+        raise InputError(f"--page-size {page_size} must be >= 1.")
+    if tp_size < 1:
+        raise InputError(f"--tp-size {tp_size} must be >= 1.")
     deployment = Deployment(version=validate_version(version or default_version()), model_name=model_name,
                             extra_backend_tag=tag, tp_size=tp_size, mla=mla)
     return warm_sglang(items, url, master, deployment, page_size, extra_key=extra_key, cache_salt=cache_salt,
-                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, on_progress=advance)
+                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, timeout_s=timeout,
+                       on_progress=advance)
 
 
-def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
+def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -> None:
     from hicache_ops.mooncake.store import StoreClient
     from hicache_ops.warm import migrate_prefix
 
     if master is None or rpc is None:
         raise InputError(
-            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --rpc HOST:RPC_PORT (copying)."
+            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --master-rpc HOST:RPC_PORT (copying)."
         )
 
     from .output import native_stderr_to_file
 
-    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0) as store:
-        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run)
+    with native_stderr_to_file(None, "migrate_mooncake.log"), StoreClient.connect(rpc, segment_size=0, setup_timeout=timeout) as store:
+        report = migrate_prefix(master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run, timeout_s=timeout)
     data = report.to_json()
 
     def render(d: dict) -> None:
@@ -140,7 +197,6 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, json_output) -> None:
             f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> {d['target_prefix'] or '(unprefixed)'}: "
             f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed {d['removed']}, "
             f"failed {len(d['failed'])}" + (" (dry run)" if d["dry_run"] else ""),
-            highlight=False,
         )
 
     emit(data, json_output, render)

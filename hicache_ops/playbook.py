@@ -31,12 +31,15 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from . import interrupt
 from .errors import InputError
 from .sglang.launch import parse_server_args
 from .sglang.versions import default_version
@@ -213,11 +216,12 @@ class PlaybookRun:
     status: str  # finding | pass | incomplete
     checks: list[CheckOutcome] = field(default_factory=list)
     finding: dict | None = None
+    interrupted: str | None = None  # the signal that stopped it, if one did
 
     def to_json(self) -> dict:
         return {
             "name": self.name, "title": self.title, "symptom": self.symptom, "status": self.status,
-            "finding": self.finding, "checks": [c.to_json() for c in self.checks],
+            "finding": self.finding, "interrupted": self.interrupted, "checks": [c.to_json() for c in self.checks],
         }
 
 
@@ -231,11 +235,11 @@ def _hicache_argv() -> list[str]:
     return [sys.executable, "-m", "hicache_ops.cli"]
 
 
-def serve_variables(serve_url: str) -> dict[str, str]:
+def serve_variables(serve_url: str, timeout_s: float = 3.0) -> dict[str, str]:
     """serve_* placeholders from a serve instance's configuration, and its master address."""
     from .server.client import ServeClient
 
-    with ServeClient(serve_url) as client:
+    with ServeClient.open(serve_url, timeout_s=timeout_s) as client:
         config = client.stats()["config"]
     scheme = [
         "--page-size", str(config["page_size"]), "--sglang-version", config["sglang_version"],
@@ -261,11 +265,24 @@ def serve_variables(serve_url: str) -> dict[str, str]:
 
 
 def _run_command(argv: list[str], timeout_s: float, env: dict | None) -> tuple[int, object]:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return 124, {"error": {"message": f"timed out after {timeout_s:.0f} s"}}
-    text = proc.stdout.strip()
+    """Run one check's command; a stop request ends it (SIGINT, then SIGKILL) and raises Interrupted."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            stdout, _ = proc.communicate(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if interrupt.requested() or time.monotonic() > deadline:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.communicate(timeout=2)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+                interrupt.check("the playbook")
+                return 124, {"error": {"message": f"timed out after {timeout_s:.0f} s"}}
+    text = stdout.strip()
     data: object
     try:
         data = json.loads(text) if text else {}
@@ -284,6 +301,21 @@ def _run_command(argv: list[str], timeout_s: float, env: dict | None) -> tuple[i
     return proc.returncode, data
 
 
+# What the user passes for each placeholder (serve_* and rpc come from --serve).
+_OPTION_FOR = {"serve": "--serve", "master": "--master (or --serve)", "rpc": "--serve", "config": "--config",
+               "prompt": "--prompt", "server_args": "--server-args"}
+
+
+def _option_for(placeholder: str) -> str:
+    return _OPTION_FOR.get(placeholder, "--serve" if placeholder.startswith("serve_") else f"--{placeholder.replace('_', '-')}")
+
+
+def missing_options(check: Check, variables: dict[str, str]) -> list[str]:
+    """The options a check needs that were not given (opt_* placeholders may be empty)."""
+    missing = {_option_for(p) for p in check.placeholders() if not p.startswith("opt_") and not variables.get(p)}
+    return sorted(missing)
+
+
 def run_playbook(
     playbook: Playbook,
     variables: dict[str, str],
@@ -292,15 +324,26 @@ def run_playbook(
     env: dict | None = None,
     on_check=None,
 ) -> PlaybookRun:
-    """Run the checks in order; stop at the first finding."""
+    """Run the checks in order; stop at the first finding (or a stop request: `interrupted`).
+
+    A playbook none of whose checks can run with these variables is an InputError naming what is
+    missing, raised before anything runs: "no finding" must mean the checks ran.
+    """
+    needs = [missing_options(check, variables) for check in playbook.checks]
+    if all(needs):
+        wanted = sorted({option for need in needs for option in need})
+        raise InputError(f"playbook {playbook.name}: no check can run without {', '.join(wanted)}.",
+                         hint=f"See `hicache playbook show {playbook.name}`.")
     run = PlaybookRun(playbook.name, playbook.title, playbook.symptom, "pass")
     cache: dict[str, tuple[int, object]] = {}
-    for check in playbook.checks:
-        # Placeholders named opt_* may be empty; the others must be given.
-        missing = sorted(p for p in check.placeholders() if not p.startswith("opt_") and not variables.get(p))
+    for check, missing in zip(playbook.checks, needs):
+        if interrupt.requested():
+            run.interrupted = interrupt.reason()
+            run.status = "incomplete"
+            return run
         command = check.run
         if missing:
-            outcome = CheckOutcome(check.title, "skipped", command, note=f"needs {', '.join('--' + m.replace('_', '-') for m in missing)}")
+            outcome = CheckOutcome(check.title, "skipped", command, note=f"needs {', '.join(missing)}")
             run.checks.append(outcome)
             run.status = "incomplete" if run.status == "pass" else run.status
             if on_check:
@@ -314,7 +357,12 @@ def run_playbook(
         if argv and argv[0] == "hicache":
             argv = _hicache_argv() + argv[1:]
         if command not in cache:
-            cache[command] = _run_command(argv, timeout_s, env)
+            try:
+                cache[command] = _run_command(argv, timeout_s, env)
+            except interrupt.Interrupted:
+                run.interrupted = interrupt.reason()
+                run.status = "incomplete"
+                return run
         code, data = cache[command]
         if any(holds(cond, data) for cond in check.when):
             evidence = {path: resolve_path(data, path) for path in check.evidence}
@@ -347,26 +395,39 @@ def variables_from(
     server_args: str | None,
     try_extra_keys: list[str] = (),
     try_cache_salts: list[str] = (),
+    timeout_s: float = 3.0,
 ) -> dict[str, str]:
+    """The run's variables, every input checked first (InputError, exit 2) and the serve asked last."""
+    from .mooncake.net import parse_host_port
+    from .server.client import check_http_url, check_timeout
+    from .tokens import load_prompt
+
+    check_timeout(timeout_s)
     values: dict[str, str] = {}
     tries = [arg for k in try_extra_keys for arg in ("--try-extra-key", k)]
     tries += [arg for s in try_cache_salts for arg in ("--try-cache-salt", s)]
     values["opt_try_namespaces"] = shlex.join(tries)
     if serve:
-        values["serve"] = serve
-        values.update(serve_variables(serve))
+        check_http_url(serve, "--serve")
     if master:
+        parse_host_port(master, what="--master")
         values["master"] = master
     if config:
         if not os.path.isfile(config):
             raise InputError(f"--config {config!r} is not a file.")
         values["config"] = config
     if prompt:
-        if prompt != "-" and not os.path.isfile(prompt):
+        if prompt == "-":
+            raise InputError("--prompt - (stdin) cannot be read by several checks; give a file.")
+        if not os.path.isfile(prompt):
             raise InputError(f"--prompt {prompt!r} is not a file.", hint="A JSON array of token ids, or one JSONL line with input_ids.")
+        load_prompt(tokens_file=prompt)  # malformed or several prompts: one error now, not one per check
         values["prompt"] = prompt
     if server_args:
         # The te checks pass these flags on: bad quoting or a flag SGLang refuses is bad input now.
         parse_server_args(server_args, default_version())
         values["server_args"] = server_args
+    if serve:
+        values["serve"] = serve
+        values.update({k: v for k, v in serve_variables(serve, timeout_s).items() if not (k == "master" and master)})
     return values

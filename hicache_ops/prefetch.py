@@ -1,12 +1,16 @@
 """`hicache prefetch`: ask a serve instance to pull prompts from L3 into its host pool, and say
-per prompt what came back, how long it took, and what each stop policy would have made of it."""
+per prompt what came back, how long it took, and what each stop policy would have made of it.
+
+A stop request (Ctrl-C, SIGTERM; hicache_ops/interrupt.py) abandons the prompt in flight (not
+reported) and returns the rows done so far, marked interrupted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .engine import policy as pol
+from . import interrupt
+from .sglang import policy as pol
 from .tokens import Prompt
 
 
@@ -22,12 +26,19 @@ class PrefetchRow:
     bytes: int
     seconds: float
     budget_s: float
-    verified: bool
+    verified: bool  # pages were inserted and their bytes matched; False when none were
     reason: str
     policies: dict = field(default_factory=dict)  # policy -> {"deadline_s", "cut"}
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
+
+
+@dataclass
+class PrefetchReport:
+    config: dict  # the serve's
+    rows: list[PrefetchRow]
+    interrupted: str | None = None  # the signal that stopped it, if one did
 
 
 def prefetch_prompts(
@@ -37,18 +48,27 @@ def prefetch_prompts(
     extra_key: str | None = None,
     cache_salt: str | None = None,
     on_progress: Callable[[PrefetchRow], None] | None = None,
-) -> tuple[dict, list[PrefetchRow]]:
-    """Prefetch each prompt on the serve instance; returns (the serve's config, one row per prompt)."""
+) -> PrefetchReport:
+    """Prefetch each prompt on the serve instance, one row per prompt done."""
     config = client.stats()["config"]
     admission = config["admission_s"]
-    rows = []
+    report = PrefetchReport(config, [])
+    rows = report.rows
     for i, prompt in enumerate(prompts):
+        if interrupt.requested():
+            break
         ek = extra_key if extra_key is not None else prompt.extra_key
         cs = cache_salt if cache_salt is not None else prompt.cache_salt
-        r = client.prefetch(prompt.input_ids, ek, cs)
+        try:
+            with interrupt.cancellable():
+                r = client.prefetch(prompt.input_ids, ek, cs)
+        except interrupt.Interrupted:
+            break
         info = r["prefetch"]
         elapsed = info["elapsed_s"]
-        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(info["hit_pages"] * config["page_size"], config["sglang_version"])
+        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(
+            config["sglang_version"], requested_tokens=info["considered_tokens"], hit_tokens=info["hit_pages"] * config["page_size"]
+        )
         row = PrefetchRow(
             index=i,
             source=prompt.source or f"prompt {i + 1}",
@@ -63,12 +83,18 @@ def prefetch_prompts(
             verified=r["mismatched_pages"] == 0,
             reason=info["reason"],
         )
+        if info["hit_pages"] and not info["completed_pages"]:
+            # The stop policy cut it to nothing: no page was inserted, so nothing was verified.
+            row.bytes, row.verified = 0, False
+            row.reason = f"cut to zero pages: {row.reason or config['stop_policy']}; {info['hit_pages']} page(s) in L3, none inserted"
         if info["hit_pages"]:
             for policy in pol.STOP_POLICIES:
-                deadline = pol.stop_deadline(policy, budget, admission)
+                deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])
                 # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
                 row.policies[policy] = {"deadline_s": None if deadline == float("inf") else deadline, "cut": elapsed > deadline}
         rows.append(row)
         if on_progress:
             on_progress(row)
-    return config, rows
+    if interrupt.requested():
+        report.interrupted = interrupt.reason()
+    return report

@@ -10,17 +10,20 @@ Two targets:
   L3 itself (if its write policy allows); the objects are then checked on the master.
 
 Prompts whose objects are all present already are skipped, so a rerun resumes an interrupted warm.
+A stop request (Ctrl-C, SIGTERM; hicache_ops/interrupt.py) stops submitting at once, waits for the
+prompts in flight at most `grace_s`, and reports the rest as not reached (`interrupted` is set).
 `migrate_prefix` re-keys existing objects after a key-prefix change, without recomputing.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from . import interrupt
 from .errors import HicacheError, InputError, UnreachableError
 from .inspect.keys import Deployment, expected_keys
 from .tokens import Prompt
@@ -53,13 +56,14 @@ class WarmReport:
     dry_run: bool
     prompts: list[PromptOutcome] = field(default_factory=list)
     error: str | None = None  # why the warm stopped early, if it did
+    interrupted: str | None = None  # the signal that stopped it, if one did
 
     def count(self, status: str) -> int:
         return sum(1 for p in self.prompts if p.status == status)
 
     @property
     def complete(self) -> bool:
-        return self.error is None and all(p.status in (WRITTEN, PRESENT, NO_PAGE) for p in self.prompts)
+        return self.error is None and self.interrupted is None and all(p.status in (WRITTEN, PRESENT, NO_PAGE) for p in self.prompts)
 
     def to_json(self) -> dict:
         return {
@@ -68,6 +72,7 @@ class WarmReport:
             "dry_run": self.dry_run,
             "complete": self.complete,
             "error": self.error,
+            "interrupted": self.interrupted,
             "summary": {s: self.count(s) for s in (WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING)}
             | {"pages": sum(p.pages for p in self.prompts), "bytes": sum(p.bytes for p in self.prompts)},
             "prompts": [p.to_json() for p in self.prompts],
@@ -159,7 +164,7 @@ def warm_serve(
     report = WarmReport(client.url, {**deployment.__dict__, "master": config["master_metrics_address"]}, dry_run)
     plans = _plan(prompts, config["page_size"], deployment, extra_key, cache_salt)
     report.prompts = [p[4] for p in plans]
-    with AdminClient(config["master_metrics_address"]) as admin:
+    with AdminClient(config["master_metrics_address"], timeout=client.timeout_s) as admin:
         _mark_present(plans, admin)
         for plan in plans:
             if plan[4].status != PENDING and on_progress:
@@ -170,18 +175,14 @@ def warm_serve(
                 p[4].reason = f"would write {p[4].objects - p[4].present_objects} missing object(s)"
             return report
         lock = threading.Lock()
-        stop = threading.Event()
 
         def one(plan) -> None:
             prompt, ek, cs, keys, outcome = plan
-            if stop.is_set():
-                return
             start = time.perf_counter()
             try:
                 result = client.prefill(prompt.input_ids, ek, cs, backup=True)
             except UnreachableError:
-                stop.set()
-                raise
+                raise  # the serve is gone: run_pool stops starting prompts
             except HicacheError as exc:
                 outcome.status, outcome.reason = FAILED, exc.message
                 return
@@ -192,17 +193,70 @@ def warm_serve(
             if outcome.status == NOT_LANDED:
                 outcome.reason = "the serve acknowledged the prefill but objects are missing on the master"
 
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            futures = {pool.submit(one, plan): plan for plan in todo}
-            for future in as_completed(futures):
-                outcome = futures[future][4]
-                try:
-                    future.result()
-                except UnreachableError as exc:
-                    report.error = exc.message
-                if on_progress and outcome.status != PENDING:
-                    on_progress(outcome)
+        run_pool(todo, one, concurrency, report, grace_s=client.timeout_s, on_done=on_progress)
     return report
+
+
+def run_pool(plans, work: Callable, concurrency: int, report: WarmReport, *, grace_s: float,
+             on_done: Progress | None = None) -> None:
+    """Run `work(plan)` on `concurrency` daemon threads until done, an UnreachableError (recorded
+    in `report.error`; no new prompt starts) or a stop request (recorded in `report.interrupted`).
+    Then prompts in flight get at most `grace_s`; any still running stay pending and are not
+    waited for (daemon threads do not hold the process's exit)."""
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for plan in plans:
+        todo.put(plan)
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    halt = threading.Event()
+
+    def worker() -> None:
+        while not halt.is_set():
+            try:
+                plan = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                work(plan)
+                finished.put((plan, None))
+            except BaseException as exc:  # handed to the caller's thread, not lost in this one
+                halt.set()
+                finished.put((plan, exc))
+
+    threads = [threading.Thread(target=worker, daemon=True, name=f"warm-{i}") for i in range(max(1, min(concurrency, len(plans))))]
+    for thread in threads:
+        thread.start()
+    deadline = None
+    unexpected = None
+    delivered: set[int] = set()
+    while any(t.is_alive() for t in threads) or not finished.empty():
+        if deadline is None and interrupt.requested():
+            halt.set()
+            report.interrupted = interrupt.reason()
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        try:
+            plan, exc = finished.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        outcome = plan[4]
+        delivered.add(outcome.index)
+        if isinstance(exc, UnreachableError):
+            report.error = report.error or exc.message
+            outcome.status, outcome.reason = PENDING, ""
+        elif exc is not None:
+            unexpected = unexpected or exc
+        if on_done and outcome.status != PENDING:
+            on_done(outcome)
+    if deadline is not None:
+        # A prompt still in flight is reported from a copy its thread no longer writes to.
+        submitted = {plan[4].index for plan in plans}
+        for at, outcome in enumerate(report.prompts):
+            if outcome.index in submitted and outcome.index not in delivered:
+                report.prompts[at] = replace(outcome, status=PENDING, bytes=0, seconds=0.0, first_missing=None,
+                                             reason="not reached: stopped before it finished (a rerun resumes it)")
+    if unexpected is not None:
+        raise unexpected
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,19 +277,37 @@ def warm_sglang(
     concurrency: int = 4,
     dry_run: bool = False,
     settle_s: float = 5.0,
+    timeout_s: float = 3.0,
+    work_timeout_s: float = 120.0,
     on_progress: Progress | None = None,
 ) -> WarmReport:
-    """Send each prompt to SGLang's /generate (max_new_tokens 1); check its objects on `master`."""
+    """Send each prompt to SGLang's /generate (max_new_tokens 1); check its objects on `master`.
+
+    The server must answer /model_info within `timeout_s` first (a silent one fails there); each
+    /generate may take `work_timeout_s`, after which /model_info tells a slow server from a silent one.
+    """
     import httpx
 
     from .mooncake.admin import AdminClient
+    from .server.client import check_http_url, check_timeout
 
-    if not sglang_url.startswith(("http://", "https://")):
-        raise InputError(f"--sglang-url {sglang_url!r} must start with http:// or https://.")
+    sglang_url = check_http_url(sglang_url, "--sglang-url")
+    timeout_s = check_timeout(timeout_s)
     report = WarmReport(sglang_url, {**deployment.__dict__, "master": master}, dry_run)
     plans = _plan(prompts, page_size, deployment, extra_key, cache_salt)
     report.prompts = [p[4] for p in plans]
-    with AdminClient(master) as admin, httpx.Client(base_url=sglang_url.rstrip("/"), timeout=httpx.Timeout(120, connect=3)) as http:
+    timeout = httpx.Timeout(max(work_timeout_s, timeout_s), connect=timeout_s)
+    with AdminClient(master, timeout=timeout_s) as admin, httpx.Client(base_url=sglang_url, timeout=timeout) as http:
+
+        def alive() -> bool:
+            try:
+                return http.get("/model_info", timeout=timeout_s).status_code < 500
+            except httpx.HTTPError:
+                return False
+
+        if not alive():
+            raise UnreachableError(f"the SGLang server at {sglang_url} did not answer /model_info within {timeout_s:g} s.",
+                                   hint="Check the server and --sglang-url, or raise --timeout.")
         _mark_present(plans, admin)
         todo = [p for p in plans if p[4].status == PENDING]
         if dry_run:
@@ -251,26 +323,29 @@ def warm_sglang(
             start = time.perf_counter()
             try:
                 response = http.post("/generate", json=body)
+            except httpx.TimeoutException:
+                state = "is alive (it answers /model_info) but" if alive() else "stopped answering and"
+                raise UnreachableError(f"the SGLang server at {sglang_url} {state} did not finish /generate "
+                                       f"within {timeout.read:g} s.") from None
             except httpx.TransportError as exc:
                 raise UnreachableError(f"the SGLang server at {sglang_url} did not answer /generate ({type(exc).__name__}).") from None
             outcome.seconds = time.perf_counter() - start
             if response.status_code >= 400:
                 outcome.status, outcome.reason = FAILED, f"/generate answered HTTP {response.status_code}: {response.text[:200]}"
 
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            for future in as_completed([pool.submit(send, p) for p in todo]):
-                future.result()
-        # SGLang backs pages up asynchronously: give the writes a moment to land.
-        deadline = time.monotonic() + settle_s
+        run_pool(todo, send, concurrency, report, grace_s=timeout_s)
+        sent = [(p, report.prompts[p[4].index]) for p in todo]
+        sent = [(p, o) for p, o in sent if o.status == PENDING and o.seconds > 0]
+        # SGLang backs pages up asynchronously: give the writes a moment to land (not after a stop).
+        deadline = time.monotonic() + (0 if report.interrupted else settle_s)
         while True:
-            for _, _, _, keys, outcome in todo:
+            for (_, _, _, keys, _), outcome in sent:
                 if outcome.status in (PENDING, NOT_LANDED):
                     _verify(outcome, keys, admin)
-            if all(p[4].status != NOT_LANDED for p in todo) or time.monotonic() > deadline:
+            if all(o.status != NOT_LANDED for _, o in sent) or time.monotonic() > deadline or interrupt.wait(0.2):
                 break
-            time.sleep(0.2)
-        for prompt, ek, cs, keys, outcome in todo:
-            if outcome.status == NOT_LANDED:
+        for (prompt, ek, cs, keys, _), outcome in sent:
+            if outcome.status == NOT_LANDED and not report.interrupted:
                 outcome.reason = _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs, prefetch_threshold)
             if on_progress:
                 on_progress(outcome)
@@ -329,6 +404,7 @@ def migrate_prefix(
     remove_old: bool = False,
     dry_run: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    timeout_s: float = 3.0,
 ) -> MigrationReport:
     """Copy every page object `{source}{page_key}_{suffix}` to `{target}{page_key}_{suffix}`,
     verify the copy byte for byte, and remove the originals only with `remove_old`.
@@ -344,7 +420,7 @@ def migrate_prefix(
         if value and not value.endswith("_"):
             raise InputError(f"--migrate-prefix {name} {value!r} should end with '_' as SGLang's prefixes do.",
                              hint="For example Qwen-Qwen3-0.6B_ (empty for unprefixed keys).")
-    with AdminClient(master) as admin:
+    with AdminClient(master, timeout=timeout_s) as admin:
         keys = [k for k in admin.get_all_keys() if k.startswith(source) and _is_page_object(k[len(source):])]
     report = MigrationReport(source, target, objects=len(keys), dry_run=dry_run)
     if dry_run or not keys:

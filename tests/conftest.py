@@ -13,7 +13,7 @@
     def test_w(fresh_mooncake_master, freeze_process):
         freeze_process(fresh_mooncake_master.pid)   # a silent master: SIGSTOP, resumed at teardown
 
-Objects live in the segment of the client that mounted them (FACTS §7): puts from clients that
+Objects live in the segment of the client that mounted them (docs/mooncake.md#segments-and-ttl): puts from clients that
 mount nothing land in `mooncake_segment_owner`'s segment and outlive those clients. The session
 master is shared: give each test's keys a unique prefix. Master logs go under pytest's tmp_path
 (`master.log_path`), which pytest rotates.
@@ -97,3 +97,18 @@ def freeze_process():
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def silent_server():
+    """ "127.0.0.1:PORT" of a listening socket that accepts connections (the kernel's backlog) and
+    never answers: a server that is up but silent."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    try:
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()

@@ -2,12 +2,12 @@
 
 import typer
 
-from . import kernels, keys, multiturn, replay
-from . import store
+from ..help import HicacheCommand, HicacheGroup
+from . import kernels, keys, multiturn, replay, store
 
-app = typer.Typer(help="Benchmarks that print side-by-side ratios measured in one run.", no_args_is_help=True)
-app.command("keys")(keys.keys)
-app.command("store")(store.store)
-app.command("kernels")(kernels.kernels)
-app.command("multiturn")(multiturn.multiturn)
-app.command("replay")(replay.replay)
+app = typer.Typer(cls=HicacheGroup, help="Benchmarks that print side-by-side ratios measured in one run.", no_args_is_help=True)
+app.command("keys", cls=HicacheCommand, epilog=keys.EXAMPLES)(keys.keys)
+app.command("store", cls=HicacheCommand, epilog=store.EXAMPLES)(store.store)
+app.command("kernels", cls=HicacheCommand, epilog=kernels.EXAMPLES)(kernels.kernels)
+app.command("multiturn", cls=HicacheCommand, epilog=multiturn.EXAMPLES)(multiturn.multiturn)
+app.command("replay", cls=HicacheCommand, epilog=replay.EXAMPLES)(replay.replay)

@@ -7,11 +7,17 @@ from typing import Annotated
 import typer
 
 from hicache_ops.errors import InputError
+from hicache_ops.sglang.host_pool import LAYOUTS
 
-from ..options import JsonOption
+from ..help import examples
+from ..options import Device, DeviceOption, HeadDimOption, HostLayout, JsonOption, LayersOption, PageSizeOption, RepeatsOption
 from ..output import emit, reporting, stdout
 
-_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+EXAMPLES = examples(
+    "hicache bench kernels",
+    "hicache bench kernels --device cuda --attention mha --layout page_first --layout page_head",
+    "hicache bench kernels --tokens 4096 --repeats 3 --json",
+)
 
 
 def _render(data: dict) -> None:
@@ -20,23 +26,20 @@ def _render(data: dict) -> None:
     stdout.print(
         f"{data['tokens']:,} tokens in pages of {data['page_size']} on {where}; L={g['layers']} H={g['heads']} "
         f"D={g['head_dim']} (MLA C={g['kv_cache_dim']}) {g['dtype']}; best of {data['repeats']}, interleaved",
-        highlight=False,
     )
     for kind, base in data["baselines"].items():
         mb = data["bytes_moved"][kind] / 1e6
         if "contiguous_s" in base:
             stdout.print(
                 f"  {kind}: {mb:.1f} MB per transfer; baseline contiguous copy {base['contiguous_gb_per_s']:.2f} GB/s",
-                highlight=False,
             )
         else:
             stdout.print(
                 f"  {kind}: {mb:.1f} MB per transfer; baseline memcpy D2H {base['memcpy_backup_gb_per_s']:.1f} GB/s, "
                 f"H2D {base['memcpy_load_gb_per_s']:.1f} GB/s",
-                highlight=False,
             )
     base_name = "contiguous copy" if data["platform"] == "cpu" else "one memcpy"
-    stdout.print(f"  {'kind':<4} {'layout':<18} {'dir':<6} {'GB/s':>7}  {'vs ' + base_name:>18}", highlight=False)
+    stdout.print(f"  {'kind':<4} {'layout':<18} {'dir':<6} {'GB/s':>7}  {'vs ' + base_name:>18}")
     for c in data["cases"]:
         mark = ""
         if c["target"] is not None:
@@ -53,34 +56,42 @@ def _render(data: dict) -> None:
         stdout.print(
             f"  {c['attention']:<4} {c['layout']:<18} {c['direction']:<6} {c['gb_per_s']:7.2f}  "
             f"{c['ratio']:17.2f}x{mark}{extra}",
-            highlight=False,
         )
     for s in data["checksums"]:
         stdout.print(
-            f"  {s['attention']:<4} checksum {s['where']:<17} {s['gb_per_s']:7.2f}  {s['ratio']:17.2f}x", highlight=False
+            f"  {s['attention']:<4} checksum {s['where']:<17} {s['gb_per_s']:7.2f}  {s['ratio']:17.2f}x"
         )
-    stdout.print(f"  copies verified by checksum: {data['verified']}", highlight=False)
+    stdout.print(f"  copies verified by checksum: {data['verified']}")
     for note in data["notes"]:
-        stdout.print(f"  [dim]{note}[/]", highlight=False)
+        stdout.print(f"  [dim]{note}[/]")
 
 
 def kernels(
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens per transfer (whole pages).")] = 1024,
-    layers: Annotated[int, typer.Option("--layers", help="Layers (L).")] = 32,
-    heads: Annotated[int, typer.Option("--heads", help="KV heads per rank (MHA).")] = 8,
-    head_dim: Annotated[int, typer.Option("--head-dim", help="Head dim (MHA).")] = 128,
-    kv_cache_dim: Annotated[int, typer.Option("--kv-cache-dim", help="MLA row: kv_lora_rank + qk_rope_head_dim.")] = 576,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 16,
-    dtype: Annotated[str, typer.Option("--dtype", help="bfloat16, float16, float32 or uint8 (fp8).")] = "bfloat16",
-    attention: Annotated[str, typer.Option("--attention", help="mha, mla or both.")] = "both",
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens per transfer (whole pages).", metavar="N")] = 1024,
+    layers: LayersOption = 32,
+    heads: Annotated[int, typer.Option("--heads", help="KV heads per rank (MHA).", metavar="N")] = 8,
+    head_dim: HeadDimOption = 128,
+    kv_cache_dim: Annotated[
+        int, typer.Option("--kv-cache-dim", help="MLA row: kv_lora_rank + qk_rope_head_dim.", metavar="N")
+    ] = 576,
+    page_size: PageSizeOption = 16,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="Tensor dtype: bfloat16, float16, float32 or uint8 (fp8).", metavar="DTYPE")
+    ] = "bfloat16",
+    attention: Annotated[str, typer.Option("--attention", help="mha, mla or both.", metavar="KIND")] = "both",
     layout: Annotated[
-        list[str] | None, typer.Option("--layout", help="Host layouts to measure (repeatable) [default: all].")
+        list[HostLayout] | None,
+        typer.Option("--layout", help=f"Host layouts to measure (repeatable): {', '.join(LAYOUTS)} [default: all].",
+                     metavar="LAYOUT", show_default=False),
     ] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")] = "auto",
-    repeats: Annotated[int, typer.Option("--repeats", help="Interleaved runs per case; the best counts.")] = 5,
+    device: DeviceOption = Device.auto,
+    repeats: RepeatsOption = 5,
     json_output: JsonOption = False,
 ) -> None:
-    """Transfer kernels per layout and direction, as ratios against plain copies measured in one run."""
+    """Transfer kernels per layout and direction, as ratios against plain copies measured in one run.
+
+    The geometry is one rank's slice (--heads per rank); the best of --repeats counts.
+    """
     with reporting(json_output):
         if tokens < page_size or page_size <= 0 or repeats <= 0 or min(layers, heads, head_dim, kv_cache_dim) <= 0:
             raise InputError(
@@ -90,11 +101,6 @@ def kernels(
             raise InputError(f"--dtype {dtype!r} is unknown.", hint="Use bfloat16, float16, float32 or uint8.")
         if attention not in ("mha", "mla", "both"):
             raise InputError(f"--attention {attention!r} is unknown.", hint="Use mha, mla or both.")
-        if device not in ("auto", "cpu", "cuda"):
-            raise InputError(f"--device {device!r} is unknown.", hint="Use auto, cpu or cuda.")
-        for lay in layout or ():
-            if lay not in _LAYOUTS:
-                raise InputError(f"--layout {lay!r} is unknown.", hint=f"Use one of: {', '.join(_LAYOUTS)}.")
         from hicache_ops.bench.kernels import bench_kernels  # imports torch: only when the command runs
 
         try:
@@ -108,8 +114,8 @@ def kernels(
                 dtype=dtype,
                 repeats=repeats,
                 attention=attention,
-                device=device,
-                layouts=tuple(layout) if layout else None,
+                device=device.value,
+                layouts=tuple(lay.value for lay in layout) if layout else None,
             )
         except RuntimeError as exc:
             if "CUDA is not available" in str(exc):

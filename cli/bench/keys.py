@@ -8,31 +8,34 @@ import typer
 
 from hicache_ops.errors import InputError
 
-from ..options import JsonOption
+from ..help import examples
+from ..options import JsonOption, PageSizeOption, RepeatsOption
 from ..output import emit, reporting, stdout
+
+EXAMPLES = examples(
+    "hicache bench keys",
+    "hicache bench keys --tokens 1048576 --page-size 16 --json",
+)
 
 
 def _render(data: dict) -> None:
     stdout.print(
         f"{data['tokens']:,} tokens, page size {data['page_size']}, median of {data['repeats']} interleaved runs "
         f"(native loop: {'yes' if data['native'] else 'no'})",
-        highlight=False,
     )
-    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
+    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s")
     if data["sglang_tokens_per_s"] is None:
-        stdout.print(f"  sglang       not measured: {data['sglang_error']}", highlight=False)
+        stdout.print(f"  sglang       not measured: {data['sglang_error']}")
         return
-    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s", highlight=False)
-    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)", highlight=False)
-    stdout.print("  same keys    yes (checked on every run)", highlight=False)
+    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s")
+    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)")
+    stdout.print("  same keys    yes (checked on every run)")
 
 
 def keys(
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to hash per run.")] = 4_194_304,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 64,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Interleaved runs per side; the median counts.")
-    ] = 5,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens to hash per run.", metavar="N")] = 4_194_304,
+    page_size: PageSizeOption = 64,
+    repeats: RepeatsOption = 5,
     json_output: JsonOption = False,
 ) -> None:
     """Page-key throughput, ours beside SGLang's get_hash_str, in one run (exit 1 if the keys differ)."""

@@ -1,5 +1,5 @@
-"""`hicache bench multiturn`: seed 002's multi-turn workload against the embedded tiered cache,
-L1 / L1+L2 / L1+L2+L3 side by side, each configuration's hit rate by round beside the ceiling."""
+"""`hicache bench multiturn`: the multi-turn workload (docs/workloads.md) against the embedded tiered
+cache, L1 / L1+L2 / L1+L2+L3 side by side, each configuration's hit rate by round beside the ceiling."""
 
 from __future__ import annotations
 
@@ -11,8 +11,26 @@ import typer
 
 from hicache_ops.errors import InputError
 
-from ..options import JsonOption, SglangVersionOption
+from ..help import examples
+from ..options import (
+    HicacheRatioOption,
+    JsonOption,
+    PageSizeOption,
+    PlotOption,
+    PresetOption,
+    QuietOption,
+    SglangVersionOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
+)
 from ..output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache bench multiturn --accounting-only",
+    "hicache bench multiturn --clients 8 --rounds 12 --new-tokens 1024 --plot hit-rate.png",
+    "hicache bench multiturn --hicache-write-policy write_back --json",
+)
 
 
 def _percent(x: float) -> str:
@@ -36,13 +54,11 @@ def _render(data: dict) -> None:
     stdout.print(
         f"{w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + {w['output_tokens']} output) "
         f"tokens, page {w['page_size']}, seed {w['seed']}, {data['mode']} mode",
-        highlight=False,
     )
     stdout.print(
         f"L1 {pools['device_tokens']:,} tokens ({pools['l1_rounds']:.2f} rounds of every history), "
         f"L2 {pools['host_tokens']:,} tokens (ratio {pools['hicache_ratio']:g}, {pools['write_policy']}), "
         "L3 unbounded",
-        highlight=False,
     )
     table = Table(
         title="prompt-token hit rate by round, and prefilled (computed) prompt tokens",
@@ -68,30 +84,43 @@ def _render(data: dict) -> None:
     stdout.print(
         "ceiling = h_max(r) = history / (history + new question); a cache of whole pages reaches the "
         "history floored to pages (the gap of a few tenths in early rounds).",
-        highlight=False,
     )
 
     prefilled = data["prefilled_tokens"]
     base = prefilled.get("l1")
-    stdout.print(f"prompt tokens: {_tokens(data['prompt_tokens'])}; prefilled (computed) tokens:", highlight=False)
+    stdout.print(f"prompt tokens: {_tokens(data['prompt_tokens'])}; prefilled (computed) tokens:")
     for name in configs:
         ratio = f"  ({base / prefilled[name]:.1f}x fewer than L1)" if base and name != "l1" and prefilled[name] else ""
-        stdout.print(f"  {labels[name]:<9} {_tokens(prefilled[name]):>7}{ratio}", highlight=False)
+        stdout.print(f"  {labels[name]:<9} {_tokens(prefilled[name]):>7}{ratio}")
     stdout.print(
         f"  {'ceiling':<9} {_tokens(prefilled['ceiling']):>7}  (the new questions and each history's partial last page)",
-        highlight=False,
     )
-    stdout.print("cliffs (first round below the ceiling; predicted from the pool sizes):", highlight=False)
+    stdout.print("cliffs (first round below the ceiling; predicted from the pool sizes):")
     for name in configs:
         c = cliffs[name]
         seen = "never" if c["leaves_ceiling"] is None else f"round {c['leaves_ceiling']}"
         predicted = "none" if c["predicted"] is None else f"round {c['predicted']}"
         zero = f", zero from round {c['zero_from']}" if c["zero_from"] is not None else ""
-        stdout.print(f"  {labels[name]:<9} {seen}{zero}  (predicted: {predicted})", highlight=False)
-    times = ", ".join(f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s" for n in configs)
-    stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}", highlight=False)
+        stdout.print(f"  {labels[name]:<9} {seen}{zero}  (predicted: {predicted})")
+    if data["workload"].get("concurrency"):
+        for name in configs:
+            conf = data["configurations"][name]
+            pf, waves = conf["prefetches"], conf["waves"]
+            if conf["l3"]:
+                stdout.print(
+                    f"{labels[name]} at concurrency {data['workload']['concurrency']}: prefetches issued {pf['issued']:,}, "
+                    f"refused by the in-flight limit {pf['rate_limited']:,} ({data['in_flight_rule']}), "
+                    f"0.5.23 retries {waves.get('retried', 0):,} ({waves.get('retried_issued', 0):,} went out) "
+                    f"and re-queries after a match shrank {waves.get('requeried', 0):,}; "
+                    f"most in flight {_tokens(waves.get('max_in_flight_tokens', 0))} tokens",
+                )
+    times = ", ".join(
+        f"{labels[n]} {data['configurations'][n]['elapsed_s']:.1f}s ({data['configurations'][n]['cpu_s']:.1f}s CPU)"
+        for n in configs
+    )
+    stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
     if data.get("plot"):
-        stdout.print(f"plot: {data['plot']}", highlight=False)
+        stdout.print(f"plot: {data['plot']}")
 
 
 class _Progress:
@@ -122,36 +151,32 @@ class _Progress:
             sys.stderr.write("\r" + line + ("\n" if finished else ""))
             sys.stderr.flush()
         else:
-            stderr.print(line, highlight=False)
+            stderr.print(line)
 
 
 def multiturn(
-    clients: Annotated[int, typer.Option("--clients", help="Conversations, each with its own history.")] = 48,
-    rounds: Annotated[int, typer.Option("--rounds", help="Turns per conversation (a barrier between rounds).")] = 60,
-    new_tokens: Annotated[int, typer.Option("--new-tokens", help="New question tokens per turn.")] = 4096,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Answer tokens per turn.")] = 16,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page (SGLang --page-size).")] = 64,
+    clients: Annotated[int, typer.Option("--clients", help="Conversations, each with its own history.", metavar="N")] = 48,
+    rounds: Annotated[
+        int, typer.Option("--rounds", help="Turns per conversation (a barrier between rounds).", metavar="N")
+    ] = 60,
+    new_tokens: Annotated[int, typer.Option("--new-tokens", help="New question tokens per turn.", metavar="N")] = 4096,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Answer tokens per turn.", metavar="N")] = 16,
+    page_size: PageSizeOption = 64,
     l1_tokens: Annotated[
-        int | None, typer.Option("--l1-tokens", help="Device (L1) pool in tokens.", show_default=False)
+        int | None, typer.Option("--l1-tokens", help="Device (L1) pool in tokens.", metavar="N", show_default=False)
     ] = None,
     l1_rounds: Annotated[
         float | None,
         typer.Option(
             "--l1-rounds",
-            help="Device (L1) pool as rounds of every client's history (default 18, seed 002's calibration).",
+            help="Device (L1) pool as rounds of every client's history (default 18: the L1 cliff where published runs show it).",
+            metavar="ROUNDS",
             show_default=False,
         ),
     ] = None,
-    hicache_ratio: Annotated[
-        float, typer.Option("--hicache-ratio", help="Host (L2) pool = ratio x device pool, plus one page.")
-    ] = 2.0,
-    write_policy: Annotated[
-        str,
-        typer.Option(
-            "--hicache-write-policy", help="write_through, write_through_selective or write_back."
-        ),
-    ] = "write_through",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.")] = 20260626,
+    hicache_ratio: HicacheRatioOption = 2.0,
+    write_policy: WritePolicyOption = WritePolicy.write_through,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.", metavar="N")] = 20260626,
     accounting_only: Annotated[
         bool,
         typer.Option(
@@ -159,25 +184,36 @@ def multiturn(
             help="Count bytes instead of moving them (same tree, eviction and policies): the published scale.",
         ),
     ] = False,
-    preset: Annotated[
-        str, typer.Option("--preset", help="KV geometry behind the byte counts and real-bytes pools.")
-    ] = "tiny",
+    preset: PresetOption = "tiny",
     workers: Annotated[
         int | None,
         typer.Option(
             "--workers",
             help="Processes for the three configurations (default: 3 in accounting mode with two CPUs or more, else 1).",
+            metavar="N",
             show_default=False,
         ),
     ] = None,
-    plot: Annotated[
-        str | None, typer.Option("--plot", help="Write hit rate by round to this PNG.", show_default=False)
-    ] = None,
+    plot: PlotOption = None,
     sglang_version: SglangVersionOption = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            help="Clients whose requests arrive together (48: a whole round at once, as SGLang's bench_multiturn.py "
+            "sends them); SGLang's admission, in-flight prefetch limit and retries then apply. Default: one request "
+            "at a time (the published simulation).",
+            metavar="N",
+            show_default=False,
+        ),
+    ] = None,
+    quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r)."""
+    """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r).
+
+    --plot draws the hit rate of each configuration by round.
+    """
     with reporting(json_output):
         from hicache_ops.bench.multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
         from hicache_ops.sglang.versions import default_version
@@ -195,11 +231,12 @@ def multiturn(
             l1_tokens=l1_tokens,
             l1_rounds=l1_rounds,
             hicache_ratio=hicache_ratio,
-            write_policy=write_policy,
+            write_policy=write_policy.value,
             seed=seed,
             accounting_only=accounting_only,
-            sglang_version=sglang_version or default_version(),
+            sglang_version=value_of(sglang_version) or default_version(),
             preset=preset,
+            concurrency=concurrency,
         ).validate()
         if plot is not None:
             _check_writable(plot)

@@ -10,9 +10,28 @@ from typing import Annotated
 import typer
 
 from hicache_ops.errors import InputError
+from hicache_ops.units import format_bytes
 
-from ..options import JsonOption, SglangVersionOption
+from ..help import examples
+from ..options import (
+    HicacheRatioOption,
+    JsonOption,
+    PageSizeOption,
+    PlotOption,
+    PresetOption,
+    QuietOption,
+    SglangVersionOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
+)
 from ..output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache bench replay trace.jsonl --l1-tokens 3000000 --l2-tokens 0 --l3 none",
+    "hicache bench replay trace.jsonl --l2-tokens 0 --l3 none --sweep l1 375000:24000000:7 --plot l1-sweep.png",
+    "hicache bench replay trace.jsonl --format tokens --page-size 16 --limit 1000 --json",
+)
 
 
 def _percent(x: float | None) -> str:
@@ -30,12 +49,7 @@ def _tokens(n: int | None) -> str:
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n}B"
+    return "-" if n is None else format_bytes(n, "binary")
 
 
 def _render(data: dict) -> None:
@@ -47,10 +61,9 @@ def _render(data: dict) -> None:
         f"traffic), {t['prompt_tokens']:,} prompt tokens; page {cfg['page_size']}, {cfg['write_policy']}, "
         f"SGLang {cfg['sglang_version']}, bytes for {cfg['preset']} ({cfg['bytes_per_token']:,} B/token), "
         f"{cfg['mode']} mode",
-        highlight=False,
     )
     if cfg.get("l3_eviction"):
-        stdout.print(f"bounded L3 evicts as the {cfg['l3_eviction']}", highlight=False)
+        stdout.print(f"bounded L3 evicts as the {cfg['l3_eviction']}")
     if data.get("points"):
         _render_sweep(data)
     else:
@@ -71,7 +84,6 @@ def _render(data: dict) -> None:
         stdout.print(
             "L1 device, L2 host, L3 Mooncake; cached = prompt tokens the tier served, hit = cached / prompt tokens, "
             "evicted in pages, in/out = KV bytes moved into / out of the tier",
-            highlight=False,
         )
     b = data["baseline"]
     ceiling = data["ceiling_hit_rate"]
@@ -80,29 +92,24 @@ def _render(data: dict) -> None:
             f"hit rate {_percent(data['hit_rate']).strip()} of prompt tokens = "
             f"{_percent(data['hit_rate_of_ceiling']).strip()} of the unbounded ceiling {_percent(ceiling).strip()} "
             "(SGLang pages, same requests)",
-            highlight=False,
         )
         stdout.print(
             f"prefilled tokens saved {data['prefilled_tokens_saved']:,}, still prefilled {data['prefilled_tokens']:,}",
-            highlight=False,
         )
         capacity = _tokens(b["capacity_tokens"])
         ratio = b["hit_rate"] / b["unbounded_hit_rate"] if b["unbounded_hit_rate"] else 0.0
         stdout.print(
             f"block LRU (published style) at {capacity} tokens: {_percent(b['hit_rate']).strip()} "
             f"= {100 * ratio:.0f}% of its unbounded {_percent(b['unbounded_hit_rate']).strip()}",
-            highlight=False,
         )
     stdout.print(
         f"time: {data['wall_s']:.1f} s ({data['replay_s']:.1f} s in the engine, {data['reference_s']:.1f} s for the "
         "ceiling and the block LRU)",
-        highlight=False,
     )
     if data["interrupted"]:
-        stdout.print("[bold yellow]interrupted:[/] the figures cover the requests replayed before Ctrl-C",
-                     highlight=False)
+        stdout.print("[bold yellow]interrupted:[/] the figures cover the requests replayed before Ctrl-C")
     if data.get("plot"):
-        stdout.print(f"plot: {data['plot']}", highlight=False)
+        stdout.print(f"plot: {data['plot']}")
 
 
 def _render_sweep(data: dict) -> None:
@@ -130,7 +137,6 @@ def _render_sweep(data: dict) -> None:
         f"unbounded: {_percent(data['ceiling_hit_rate']).strip()} with SGLang's pages, "
         f"{_percent(data['baseline']['unbounded_hit_rate']).strip()} with the block LRU (LRU: at the same "
         f"capacity); {data['sweep'].upper()} evictions in pages",
-        highlight=False,
     )
 
 
@@ -156,55 +162,52 @@ class _Progress:
             sys.stderr.write("\r" + line + ("\n" if finished else ""))
             sys.stderr.flush()
         elif not finished:
-            stderr.print(line, highlight=False)
+            stderr.print(line)
 
 
 def replay(
-    trace: Annotated[str, typer.Argument(help="JSONL trace: mooncake lines (hash_ids) or tokens lines (input_ids).")],
+    trace: Annotated[
+        str, typer.Argument(help="JSONL trace: mooncake lines (hash_ids) or tokens lines (input_ids).", metavar="TRACE")
+    ],
     trace_format: Annotated[
         str | None,
         typer.Option("--format", help="mooncake or tokens (default: mooncake when the first line has hash_ids).",
-                     show_default=False),
+                     metavar="FORMAT", show_default=False),
     ] = None,
-    l1_tokens: Annotated[int, typer.Option("--l1-tokens", help="Device (L1) pool in tokens.")] = 3_000_000,
+    l1_tokens: Annotated[int, typer.Option("--l1-tokens", help="Device (L1) pool in tokens.", metavar="N")] = 3_000_000,
     l2_tokens: Annotated[
         int | None,
         typer.Option("--l2-tokens", help="Host (L2) pool in tokens, above L1; 0: no L2 (default: --hicache-ratio 2).",
-                     show_default=False),
+                     metavar="N", show_default=False),
     ] = None,
-    hicache_ratio: Annotated[
-        float | None,
-        typer.Option("--hicache-ratio", help="Host (L2) pool = ratio x L1, plus one page (SGLang's rule).",
-                     show_default=False),
-    ] = None,
+    hicache_ratio: HicacheRatioOption = None,
     l3: Annotated[
-        str, typer.Option("--l3", help="none, unbounded, or a capacity in tokens (evicting as Mooncake's master).")
+        str,
+        typer.Option("--l3", help="The simulated L3's capacity: none, unbounded, or tokens (evicting as Mooncake's master).",
+                     metavar="CAPACITY"),
     ] = "unbounded",
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page (SGLang --page-size).")] = 64,
-    write_policy: Annotated[
-        str, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back.")
-    ] = "write_through",
-    preset: Annotated[
-        str, typer.Option("--preset", help="Model geometry behind the byte counts per tier.")
-    ] = "llama-3.1-8b",
+    page_size: PageSizeOption = 64,
+    write_policy: WritePolicyOption = WritePolicy.write_through,
+    preset: PresetOption = "llama-3.1-8b",
     sweep: Annotated[
         tuple[str, str] | None,
         typer.Option("--sweep", metavar="TIER FROM:TO:STEPS",
                      help="One run per capacity of tier l1, l2 or l3: STEPS log-spaced capacities in tokens.",
                      show_default=False),
     ] = None,
-    plot: Annotated[
-        str | None, typer.Option("--plot", help="Write the sweep's hit rate against capacity to this PNG.",
-                                 show_default=False)
-    ] = None,
+    plot: PlotOption = None,
     limit: Annotated[
-        int | None, typer.Option("--limit", help="Replay only the first N requests of the file.", show_default=False)
+        int | None,
+        typer.Option("--limit", help="Replay only the first N requests of the file.", metavar="N", show_default=False),
     ] = None,
     sglang_version: SglangVersionOption = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
+    quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Replay a request trace through L1/L2/L3: hit rate per tier, the unbounded ceiling, a block LRU."""
+    """Replay a request trace through L1/L2/L3: hit rate per tier, the unbounded ceiling, a block LRU.
+
+    --plot draws a --sweep: hit rate against the swept tier's capacity.
+    """
     with reporting(json_output):
         from hicache_ops.bench.replay import TIERS, ReplaySpec, parse_l3, parse_sweep, plot_sweep, run_report
         from hicache_ops.bench.replay_trace import load_trace
@@ -221,7 +224,7 @@ def replay(
             raise InputError(f"--limit {limit} must be 1 or more.")
         spec = ReplaySpec(
             page_size=page_size, l1_tokens=l1_tokens, l2_tokens=l2_tokens, hicache_ratio=hicache_ratio,
-            l3=parse_l3(l3), write_policy=write_policy, sglang_version=sglang_version or default_version(),
+            l3=parse_l3(l3), write_policy=write_policy.value, sglang_version=value_of(sglang_version) or default_version(),
             preset=preset,
         )
         if tier is None:  # a sweep validates each of its configurations

@@ -8,8 +8,14 @@ import typer
 
 from hicache_ops.errors import InputError
 
-from ..options import JsonOption
-from ..output import emit, reporting, stdout
+from ..help import examples
+from ..options import JsonOption, RepeatsOption
+from ..output import emit, native_stderr_to_file, reporting, stdout
+
+EXAMPLES = examples(
+    "hicache bench store",
+    "hicache bench store --case 64x4M --repeats 11 --json",
+)
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -26,7 +32,6 @@ def _size(text: str) -> tuple[int, int]:
 def _render(data: dict) -> None:
     stdout.print(
         f"store client vs raw Mooncake, same process, median of {data['rounds']} interleaved rounds",
-        highlight=False,
     )
     for case in data["cases"]:
         size = case["object_bytes"]
@@ -34,28 +39,32 @@ def _render(data: dict) -> None:
         stdout.print(
             f"  {label:<16} put  ours {case['put_ours_gbps']:6.2f} GB/s  raw {case['put_raw_gbps']:6.2f} GB/s  "
             f"ratio {case['put_ratio']:.3f}",
-            highlight=False,
         )
         stdout.print(
             f"  {'':<16} get  ours {case['get_ours_gbps']:6.2f} GB/s  raw {case['get_raw_gbps']:6.2f} GB/s  "
             f"ratio {case['get_ratio']:.3f}",
-            highlight=False,
         )
     verdict = "meets" if data["meets_goal"] else "misses"
-    stdout.print(f"  lowest ratio {data['min_ratio']:.3f} ({verdict} the goal {data['goal']})", highlight=False)
+    stdout.print(f"  lowest ratio {data['min_ratio']:.3f} ({verdict} the goal {data['goal']})")
 
 
 def store(
     case: Annotated[
         list[str] | None,
-        typer.Option("--case", help="COUNTxBYTES per batch, repeatable [default: 256x256K and 64x4M].", show_default=False),
+        typer.Option("--case", help="COUNTxBYTES per batch, repeatable [default: 256x256K and 64x4M].",
+                     metavar="COUNTxBYTES", show_default=False),
     ] = None,
-    rounds: Annotated[int, typer.Option("--rounds", help="Timed rounds per side (interleaved); the median counts.")] = 21,
+    repeats: RepeatsOption = 21,
     json_output: JsonOption = False,
 ) -> None:
-    """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process."""
+    """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process.
+
+    The median of --repeats counts; the run starts a loopback master of its own.
+    """
     with reporting(json_output):
         from hicache_ops.bench.store import DEFAULT_CASES, bench_store
 
         cases = [_size(c) for c in case] if case else list(DEFAULT_CASES)
-        emit(bench_store(cases, rounds=rounds), json_output, _render)
+        with native_stderr_to_file(None, "bench_store_mooncake.log"):
+            data = bench_store(cases, rounds=repeats)
+        emit(data, json_output, _render)

@@ -10,22 +10,42 @@ from hicache_ops.inspect.keys import Deployment, KeyReport, expected_keys
 from hicache_ops.tokens import load_prompt
 from hicache_ops.sglang.versions import default_version, validate_version
 
+from ..help import examples
 from ..options import (
+    DEPLOYMENT,
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
+    HostLayout,
     JsonOption,
+    LayoutOption,
     LineOption,
+    MasterOption,
+    MlaOption,
     ModelNameOption,
     PageSizeOption,
+    PpSizeOption,
     SglangVersionOption,
     TextOption,
+    TimeoutOption,
     TokenizerOption,
     TokensFileOption,
     TokensOption,
+    TpLcmSizeOption,
+    TpRankOption,
+    TpSizeOption,
+    TryCacheSaltOption,
+    TryExtraKeyOption,
+    value_of,
 )
 from ..output import emit, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
+
+EXAMPLES = examples(
+    "hicache inspect keys --tokens-file prompt.jsonl --page-size 64 --model-name Qwen/Qwen3-8B",
+    "hicache inspect keys --tokens-file prompt.jsonl --model-name Qwen/Qwen3-8B --master 10.0.0.5:9003",
+    "hicache inspect keys --tokens 1,2,3,4 --page-size 2 --tp-size 2 --json",
+)
 
 
 def _render(report: KeyReport) -> None:
@@ -34,16 +54,15 @@ def _render(report: KeyReport) -> None:
         f"SGLang {report.sglang_version}  page size {report.page_size}  "
         f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}  "
         f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}",
-        highlight=False,
     )
     for page in report.pages:
         stdout.print(
-            f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}", highlight=False
+            f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}"
         )
         for key in page.object_keys:
-            stdout.print(f"    {key}", highlight=False)
+            stdout.print(f"    {key}")
     for note in report.notes:
-        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+        stderr.print(f"[yellow]note:[/] {note}")
 
 
 def _render_live(report: KeyReport, diff) -> None:
@@ -52,30 +71,27 @@ def _render_live(report: KeyReport, diff) -> None:
         f"SGLang {report.sglang_version}  page size {report.page_size}  "
         f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}  "
         f"key prefix {report.key_prefix or '(none)'}  master {diff.master}",
-        highlight=False,
     )
     for page, present in zip(report.pages, diff.present):
         mark = "[green]complete[/]" if all(present) else "[red]missing[/]"
         stdout.print(
             f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}  {mark}",
-            highlight=False,
         )
         for key, ok in zip(page.object_keys, present):
-            stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}", highlight=False)
+            stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}")
     total = len(report.pages)
     stdout.print(
         f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
         f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
-        highlight=False,
     )
     if diff.first_missing:
-        stdout.print(f"[bold]first missing[/] {diff.first_missing}", highlight=False)
+        stdout.print(f"[bold]first missing[/] {diff.first_missing}")
     for entry in diff.diagnosis:
-        stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}", highlight=False)
+        stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}")
         if entry.get("hint"):
-            stdout.print(f"    [dim]hint:[/] {entry['hint']}", highlight=False)
+            stdout.print(f"    [dim]hint:[/] {entry['hint']}")
     for note in report.notes:
-        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+        stderr.print(f"[yellow]note:[/] {note}")
 
 
 @sglang_url_option("sglang_version", "page_size", "model_name", "extra_backend_tag", "tp_size", "pp_size", "mla",
@@ -86,27 +102,23 @@ def keys(
     line: LineOption = None,
     text: TextOption = None,
     tokenizer: TokenizerOption = None,
+    extra_key: ExtraKeyOption = None,
+    cache_salt: CacheSaltOption = None,
+    master: MasterOption = None,
+    try_extra_key: TryExtraKeyOption = None,
+    try_cache_salt: TryCacheSaltOption = None,
+    timeout: TimeoutOption = 3.0,
     page_size: PageSizeOption = 64,
     sglang_version: SglangVersionOption = None,
     model_name: ModelNameOption = None,
     extra_backend_tag: ExtraBackendTagOption = None,
-    extra_key: ExtraKeyOption = None,
-    cache_salt: CacheSaltOption = None,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="Attention TP size.")] = 1,
-    tp_rank: Annotated[
-        int | None, typer.Option("--tp-rank", help="One tp rank (default: every rank).", show_default=False)
-    ] = None,
-    pp_size: Annotated[int, typer.Option("--pp-size", help="Pipeline-parallel size.")] = 1,
+    tp_size: TpSizeOption = 1,
+    tp_rank: TpRankOption = None,
+    pp_size: PpSizeOption = 1,
     pp_rank: Annotated[
-        int | None, typer.Option("--pp-rank", help="One pp rank (default: every rank).", show_default=False)
-    ] = None,
-    mla: Annotated[bool, typer.Option("--mla", help="MLA model: one `_k` object per page.")] = False,
-    layout: Annotated[
-        str, typer.Option("--layout", help="Host-pool layout (page_head enables split heads).")
-    ] = "page_first",
-    tp_lcm_size: Annotated[
         int | None,
-        typer.Option("--tp-lcm-size", help="Extra-config tp_lcm_size (heterogeneous TP).", show_default=False),
+        typer.Option("--pp-rank", help="Only this pp rank (default: every rank).", metavar="N", show_default=False,
+                     rich_help_panel=DEPLOYMENT),
     ] = None,
     dcp_size: Annotated[
         int,
@@ -114,40 +126,31 @@ def keys(
             "--dcp-size",
             help="Decode-context-parallel size (SGLang 0.5.23, MLA): the prefix names the topology and "
             "each DCP shard writes its own object (docs/keys.md#dcp).",
+            metavar="N",
+            rich_help_panel=DEPLOYMENT,
         ),
     ] = 1,
     dcp_rank: Annotated[
         int | None,
-        typer.Option("--dcp-rank", help="One DCP shard (default: every shard).", show_default=False),
+        typer.Option("--dcp-rank", help="Only this DCP shard (default: every shard).", metavar="N", show_default=False,
+                     rich_help_panel=DEPLOYMENT),
     ] = None,
-    master: Annotated[
-        str | None,
-        typer.Option(
-            "--master",
-            help="Live diff against this Mooncake master's admin API HOST:METRICS_PORT: "
-            "which objects exist, SGLang's contiguous prefix, a diagnosis (exit 1 when incomplete).",
-            show_default=False,
-        ),
-    ] = None,
-    try_extra_key: Annotated[
-        list[str] | None,
-        typer.Option("--try-extra-key", help="With --master: also look for this extra_key's keys (repeatable).", show_default=False),
-    ] = None,
-    try_cache_salt: Annotated[
-        list[str] | None,
-        typer.Option("--try-cache-salt", help="With --master: also look for this cache_salt's keys (repeatable).", show_default=False),
-    ] = None,
-    timeout: Annotated[
-        float, typer.Option("--timeout", help="With --master: seconds to wait for each answer of the master.")
-    ] = 3.0,
+    mla: MlaOption = False,
+    layout: LayoutOption = HostLayout.page_first,
+    tp_lcm_size: TpLcmSizeOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Page keys and Mooncake object keys SGLang derives for a prompt."""
+    """Page keys and Mooncake object keys SGLang derives for a prompt.
+
+    With --master, a live diff against that master: which objects exist, SGLang's contiguous
+    prefix, and a diagnosis (exit 1 when the prompt's objects are incomplete); --try-extra-key and
+    --try-cache-salt look for other namespaces' keys there too.
+    """
     with reporting(json_output):
         from hicache_ops.sglang.host_pool import check_layout_for
 
-        version = validate_version(sglang_version or default_version())
-        check_layout_for(layout, mla=mla)
+        version = validate_version(value_of(sglang_version) or default_version())
+        check_layout_for(layout.value, mla=mla)
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
         deployment = Deployment(
             version=version,
@@ -158,7 +161,7 @@ def keys(
             pp_size=pp_size,
             pp_rank=pp_rank,
             mla=mla,
-            layout=layout,
+            layout=layout.value,
             tp_lcm_size=tp_lcm_size,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,

@@ -10,20 +10,45 @@ from rich.table import Table
 from hicache_ops.inspect.layout import LayoutReport, inspect_layout, parse_pages
 from hicache_ops.sglang.geometry import resolve_geometry
 from hicache_ops.sglang.versions import default_version, validate_version
+from hicache_ops.units import format_bytes
 
-from ..options import JsonOption, PageSizeOption, SglangVersionOption
+from ..help import examples
+from ..options import (
+    DEPLOYMENT,
+    OUTPUT,
+    DeviceTokensOption,
+    DtypeOption,
+    HeadDimOption,
+    HicacheRatioOption,
+    HicacheSizeOption,
+    HostLayout,
+    IoBackend,
+    IoBackendOption,
+    JsonOption,
+    LayersOption,
+    LayoutOption,
+    MlaOption,
+    PageSizeOption,
+    PresetOption,
+    SglangVersionOption,
+    TpLcmSizeOption,
+    TpSizeOption,
+    value_of,
+)
 from ..output import emit, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
 
 
-def human_bytes(n: int) -> str:
-    """Decimal units, as SGLang's --hicache-size (GB = 1e9 bytes)."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1000
-    return f"{n} B"  # pragma: no cover
+EXAMPLES = examples(
+    "hicache inspect layout --preset llama-3.1-8b --tp-size 2 --hicache-size 40",
+    "hicache inspect layout --preset deepseek-v3 --hicache-mem-layout page_first --hicache-io-backend direct",
+    "hicache inspect layout --layers 32 --heads 8 --head-dim 128 --pages 0,1 --json",
+)
+
+
+def _si(n: int) -> str:
+    # SGLang's --hicache-size counts decimal GB, so pool sizes read in the same units.
+    return format_bytes(n, "decimal")
 
 
 def _shape(shape) -> str:
@@ -43,7 +68,6 @@ def _render(report: LayoutReport) -> None:
         f"[bold]{name}{model}, {geo.dtype}[/] (stored as {geo.stored_dtype})  "
         f"SGLang {pool.sglang_version}  tp-size {pool.tp_size} "
         + ("(latent rows replicated on every rank)" if geo.mla else f"({pool.heads_per_rank} KV heads per rank)"),
-        highlight=False,
     )
     layout_line = f"layout {data['layout']}"
     if data["effective_layout"] != data["layout"]:
@@ -52,9 +76,9 @@ def _render(report: LayoutReport) -> None:
     if data["io_backend"] != data["requested_io_backend"]:
         io_line += f" -> [bold]{data['io_backend']}[/]"
     l3 = "Mooncake L3" if pool.mooncake else "no Mooncake L3"
-    stdout.print(f"{layout_line}   {io_line}   {l3}", highlight=False)
+    stdout.print(f"{layout_line}   {io_line}   {l3}")
     for rewrite in report.resolution.notes:
-        stdout.print(f"  [cyan]SGLang rewrites:[/] {rewrite}", highlight=False)
+        stdout.print(f"  [cyan]SGLang rewrites:[/] {rewrite}")
 
     sizing = (
         f"--hicache-size {pool.hicache_size_gb} GB"
@@ -63,25 +87,23 @@ def _render(report: LayoutReport) -> None:
     )
     stdout.print(
         f"host pool: {pool.size} tokens = {pool.page_num} pages of {pool.page_size} (from {sizing}, plus one page)\n"
-        f"  {pool.bytes_per_token} B/token, {human_bytes(pool.bytes_per_page)}/page, "
-        f"[bold]{human_bytes(pool.host_bytes)}[/] per rank ({pool.host_bytes} B)",
-        highlight=False,
+        f"  {pool.bytes_per_token} B/token, {_si(pool.bytes_per_page)}/page, "
+        f"[bold]{_si(pool.host_bytes)}[/] per rank ({pool.host_bytes} B)",
     )
     dev = report.device
     stdout.print(
         f"device pool (L1, layer-first): {'KV' if geo.mla else 'K'} {_shape(dev.k_shape)}"
         + (f", V {_shape(dev.v_shape)}" if dev.v_shape else "")
-        + f" ({dev.device_tokens} tokens + 1 padding page), {human_bytes(dev.nbytes)}",
-        highlight=False,
+        + f" ({dev.device_tokens} tokens + 1 padding page), {_si(dev.nbytes)}",
     )
 
     buffers = Table(title="host buffers", title_justify="left")
     for col in ("name", "shape", "dtype", "size", "bytes"):
         buffers.add_column(col, justify="right" if col in ("size", "bytes") else "left")
     for buf in pool.buffers:
-        buffers.add_row(buf.name, _shape(buf.shape), buf.dtype, human_bytes(buf.nbytes), str(buf.nbytes))
+        buffers.add_row(buf.name, _shape(buf.shape), buf.dtype, _si(buf.nbytes), str(buf.nbytes))
         for part, offset, nbytes in buf.parts:
-            buffers.add_row(f"  {part}", f"at +{offset}", "", human_bytes(nbytes), str(nbytes))
+            buffers.add_row(f"  {part}", f"at +{offset}", "", _si(nbytes), str(nbytes))
     stdout.print(buffers)
 
     if pool.mooncake:
@@ -89,7 +111,6 @@ def _render(report: LayoutReport) -> None:
         stdout.print(
             f"Mooncake zero-copy: {zero_copy}; {pool.objects_per_page} byte range(s) -> "
             f"{pool.mooncake_objects_per_page} object(s) per page",
-            highlight=False,
         )
     pages = Table(title="page buffer metadata (offsets from the buffer start)", title_justify="left")
     for col in ("page", "#", "part", "buffer", "offset", "size"):
@@ -107,73 +128,57 @@ def _render(report: LayoutReport) -> None:
     stdout.print(pages)
     for note in report.notes:
         if note not in report.resolution.notes:
-            stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+            stderr.print(f"[yellow]note:[/] {note}")
     for warning in report.warnings:
-        stderr.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+        stderr.print(f"[bold yellow]warning:[/] {warning}")
 
 
 @sglang_url_option("sglang_version", "page_size", "device_tokens", "hicache_ratio", "hicache_size", "io_backend",
                    "tp_size", "tp_lcm_size", "mooncake", layout="layout_")
 def layout(
-    preset: Annotated[
-        str | None,
-        typer.Option("--preset", help="Named model geometry (tiny, qwen3-0.6b, llama-3.1-8b, deepseek-v3, ...).",
-                     show_default=False),
-    ] = None,
-    layers: Annotated[int | None, typer.Option("--layers", help="Layers.", show_default=False)] = None,
+    preset: PresetOption = None,
+    layers: LayersOption = None,
     heads: Annotated[
-        int | None, typer.Option("--heads", help="KV heads in total (before TP).", show_default=False)
+        int | None,
+        typer.Option("--heads", help="KV heads in total (before TP).", metavar="N", show_default=False,
+                     rich_help_panel=DEPLOYMENT),
     ] = None,
-    head_dim: Annotated[int | None, typer.Option("--head-dim", help="Head size.", show_default=False)] = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            "--dtype",
-            help="KV dtype: bfloat16, float16, float32, fp8_e4m3, fp8_e5m2 (default: the preset's, else bfloat16).",
-            show_default=False,
-        ),
-    ] = None,
-    mla: Annotated[bool, typer.Option("--mla", help="MLA model (give --kv-lora-rank, --qk-rope-head-dim).")] = False,
+    head_dim: HeadDimOption = None,
+    dtype: DtypeOption = None,
+    mla: MlaOption = False,
     kv_lora_rank: Annotated[
-        int | None, typer.Option("--kv-lora-rank", help="MLA latent rank.", show_default=False)
+        int | None,
+        typer.Option("--kv-lora-rank", help="MLA latent rank.", metavar="N", show_default=False, rich_help_panel=DEPLOYMENT),
     ] = None,
     qk_rope_head_dim: Annotated[
-        int | None, typer.Option("--qk-rope-head-dim", help="MLA rope head size.", show_default=False)
+        int | None,
+        typer.Option("--qk-rope-head-dim", help="MLA rope head size.", metavar="N", show_default=False,
+                     rich_help_panel=DEPLOYMENT),
     ] = None,
     page_size: PageSizeOption = 64,
-    device_tokens: Annotated[
-        int, typer.Option("--device-tokens", help="Device (L1) pool size in tokens per rank.")
-    ] = 65536,
-    hicache_ratio: Annotated[
-        float | None,
-        typer.Option("--hicache-ratio", help="Host/device size ratio (default: 2.0, SGLang's).", show_default=False),
-    ] = None,
-    hicache_size: Annotated[
-        int, typer.Option("--hicache-size", help="Host pool size in GB (1e9 bytes); overrides the ratio.")
-    ] = 0,
-    layout_: Annotated[str, typer.Option("--layout", help="Requested --hicache-mem-layout.")] = "page_first",
-    io_backend: Annotated[
-        str, typer.Option("--io-backend", help="Requested --hicache-io-backend: kernel or direct.")
-    ] = "kernel",
-    tp_size: Annotated[int, typer.Option("--tp-size", help="Attention TP size.")] = 1,
-    tp_lcm_size: Annotated[
-        int | None,
-        typer.Option("--tp-lcm-size", help="Extra-config tp_lcm_size (heterogeneous TP).", show_default=False),
-    ] = None,
+    device_tokens: DeviceTokensOption = 65536,
+    hicache_ratio: HicacheRatioOption = None,
+    hicache_size: HicacheSizeOption = 0,
+    layout_: LayoutOption = HostLayout.page_first,
+    io_backend: IoBackendOption = IoBackend.kernel,
+    tp_size: TpSizeOption = 1,
+    tp_lcm_size: TpLcmSizeOption = None,
+    mooncake: Annotated[
+        bool,
+        typer.Option("--mooncake/--no-mooncake", help="Whether the L3 storage backend is Mooncake.",
+                     rich_help_panel=DEPLOYMENT),
+    ] = True,
+    sglang_version: SglangVersionOption = None,
     pages: Annotated[
         str | None,
         typer.Option("--pages", help="Host pages to show, comma separated (default: 0, 1 and the last).",
-                     show_default=False),
+                     metavar="LIST", show_default=False, rich_help_panel=OUTPUT),
     ] = None,
-    mooncake: Annotated[
-        bool, typer.Option("--mooncake/--no-mooncake", help="Whether the L3 storage backend is Mooncake.")
-    ] = True,
-    sglang_version: SglangVersionOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """The host KV pool SGLang builds (shapes, sizes, rewrites) and each page's Mooncake byte ranges."""
     with reporting(json_output):
-        version = validate_version(sglang_version or default_version())
+        version = validate_version(value_of(sglang_version) or default_version())
         geometry = resolve_geometry(
             preset_name=preset,
             layers=layers,
@@ -186,8 +191,8 @@ def layout(
         )
         report = inspect_layout(
             geometry,
-            layout=layout_,
-            io_backend=io_backend,
+            layout=layout_.value,
+            io_backend=io_backend.value,
             page_size=page_size,
             device_tokens=device_tokens,
             hicache_ratio=hicache_ratio,

@@ -7,18 +7,17 @@ from typing import Annotated
 
 import typer
 
-from ..options import JsonOption
+from hicache_ops.units import format_bytes
+
+from ..help import examples
+from ..options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
 from ..output import emit, reporting, stderr, stdout
 
-MasterOption = Annotated[
-    str | None,
-    typer.Option(
-        "--master",
-        help="The master's admin HTTP address HOST:METRICS_PORT "
-        "[default: MOONCAKE_MASTER's host and MOONCAKE_MASTER_METRICS_PORT (9003), else 127.0.0.1:9003].",
-        show_default=False,
-    ),
-]
+EXAMPLES = examples(
+    "hicache inspect store --master 10.0.0.5:9003",
+    "hicache inspect store --master 10.0.0.5:9003 --prefix Qwen-Qwen3-8B_ --limit 50",
+    "MOONCAKE_MASTER=10.0.0.5:50051 hicache inspect store --json",
+)
 
 
 def default_master() -> str:
@@ -32,12 +31,9 @@ def default_master() -> str:
     return format_host_port(host, int(port)) if port.isdigit() else f"{host}:{port}"
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+def _binary(n: float) -> str:
+    # Mooncake sizes segments in binary units (global_segment_size in MiB).
+    return format_bytes(n, "binary")
 
 
 def _render(data: dict) -> None:
@@ -46,28 +42,24 @@ def _render(data: dict) -> None:
     stdout.print(
         f"[bold]master[/] {data['master']}  {state}  role {health.get('role', '?')}  "
         f"state {health.get('ha_state', '?')}",
-        highlight=False,
     )
     segs = data["segments"]
     pct = 100.0 * data["used_bytes"] / data["capacity_bytes"] if data["capacity_bytes"] else 0.0
     stdout.print(
-        f"[bold]segments[/] {len(segs)}  capacity {human_bytes(data['capacity_bytes'])}  "
-        f"used {human_bytes(data['used_bytes'])} ({pct:.1f}%)",
-        highlight=False,
+        f"[bold]segments[/] {len(segs)}  capacity {_binary(data['capacity_bytes'])}  "
+        f"used {_binary(data['used_bytes'])} ({pct:.1f}%)",
     )
     for seg in segs:
         stdout.print(
-            f"    {seg['name']}  {seg['protocol']}  {seg['status']}  {human_bytes(seg['size_bytes'])}  "
-            f"used {human_bytes(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)",
-            highlight=False,
+            f"    {seg['name']}  {seg['protocol']}  {seg['status']}  {_binary(seg['size_bytes'])}  "
+            f"used {_binary(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)",
         )
     if not segs:
-        stdout.print("    (none mounted: no client holds data for this master)", highlight=False)
+        stdout.print("    (none mounted: no client holds data for this master)")
     scope = f"  matching {data['prefix_filter']!r}: {data['matched_keys']}" if data["prefix_filter"] else ""
     stdout.print(
         f"[bold]keys[/] {data['key_count']}{scope}  SGLang warm-up {data['warmup_keys']}  "
         f"other {data['other_keys']}  prefix groups {data['group_count']}",
-        highlight=False,
     )
     for group in data["groups"]:
         suffixes = ", ".join(f"{s} {n}" for s, n in group["suffixes"].items())
@@ -76,14 +68,12 @@ def _render(data: dict) -> None:
             f"{group['objects']} objects  complete {group['complete_pages']}/{group['pages']}"
             + (f"  K/V incomplete {group['kv_incomplete_pages']}" if group["kv_incomplete_pages"] else "")
             + (f"  DCP {group['dcp']['dcp_size']} of tp {group['dcp']['tp_size']}" if group["dcp"] else ""),
-            highlight=False,
         )
-        stdout.print(f"    suffixes {suffixes}", highlight=False)
+        stdout.print(f"    suffixes {suffixes}")
         for row in group["incomplete"]:
             stdout.print(
                 f"    [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
                 f"missing {' '.join(row['missing'])}",
-                highlight=False,
             )
     if data["unified_scheme_keys"]:
         stderr.print(
@@ -92,22 +82,31 @@ def _render(data: dict) -> None:
             highlight=False,
         )
     for key in data["other_key_samples"]:
-        stdout.print(f"[dim]other[/] {key}", highlight=False)
+        stdout.print(f"[dim]other[/] {key}")
     if data["truncated"]:
-        stderr.print(f"[dim]note:[/] lists cut at --limit {data['limit']}; counts are complete.", highlight=False)
+        stderr.print(f"[dim]note:[/] lists cut at --limit {data['limit']}; counts are complete.")
 
 
 def store(
     master: MasterOption = None,
     prefix: Annotated[
         str | None,
-        typer.Option("--prefix", help="Only keys starting with this (e.g. 'Qwen-Qwen3-0.6B_').", show_default=False),
+        typer.Option("--prefix", help="Only keys starting with this (e.g. 'Qwen-Qwen3-0.6B_').", metavar="PREFIX",
+                     show_default=False, rich_help_panel=INPUT),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", help="Longest list shown (groups, pages, keys); counts stay exact.")] = 20,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer of the master.")] = 3.0,
+    limit: Annotated[
+        int,
+        typer.Option("--limit", help="Longest list shown (groups, pages, keys); counts stay exact.", metavar="N",
+                     rich_help_panel=OUTPUT),
+    ] = 20,
+    timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Health, segments and keys of a Mooncake master, grouped the way SGLang names objects."""
+    """Health, segments and keys of a Mooncake master, grouped the way SGLang names objects.
+
+    Without --master: MOONCAKE_MASTER's host with MOONCAKE_MASTER_METRICS_PORT (9003), else
+    127.0.0.1:9003.
+    """
     with reporting(json_output):
         from hicache_ops.inspect.store import inspect_store
 

@@ -2,9 +2,10 @@
 
 import typer
 
+from ..help import HicacheCommand, HicacheGroup
 from . import path, show
 
-app = typer.Typer(help="Walk the write and read paths step by step; summarise tap recordings.", no_args_is_help=True)
-app.command("write")(path.write)
-app.command("read")(path.read)
-app.command("show")(show.show)
+app = typer.Typer(cls=HicacheGroup, help="Walk the write and read paths step by step; summarise tap recordings.", no_args_is_help=True)
+app.command("write", cls=HicacheCommand, epilog=path.WRITE_EXAMPLES)(path.write)
+app.command("read", cls=HicacheCommand, epilog=path.READ_EXAMPLES)(path.read)
+app.command("show", cls=HicacheCommand, epilog=show.EXAMPLES)(show.show)

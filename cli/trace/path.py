@@ -10,19 +10,34 @@ import typer
 
 from hicache_ops.errors import InputError
 
+from ..help import examples
 from ..options import (
+    INPUT,
     CacheSaltOption,
+    DeviceTokensOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
+    HostLayout,
     JsonOption,
+    LayoutOption,
     LineOption,
     ModelNameOption,
+    OptionalServeOption,
     PageSizeOption,
+    PrefetchThresholdOption,
+    PresetOption,
     SglangVersionOption,
+    StopPolicy,
+    StopPolicyOption,
     TextOption,
+    TimeoutOption,
     TokenizerOption,
     TokensFileOption,
     TokensOption,
+    TpSizeOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
 )
 from ..output import JSON_EXTRAS, native_stderr_to_file, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
@@ -35,14 +50,27 @@ InjectOption = Annotated[
         "--inject",
         help="Reproduce a known failure (embedded only): missing-v, tp-rank-mismatch, salt-mismatch, "
         "version-mismatch, below-threshold, write-back-no-eviction, prefetch-timeout, corrupted-object.",
+        metavar="FAULT",
         show_default=False,
     ),
 ]
-ServeOption = Annotated[
-    str | None,
-    typer.Option("--serve", help="Trace on a running `hicache serve` (URL) instead of an embedded engine.", show_default=False),
-]
 StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
+AllowWritesOption = Annotated[
+    bool,
+    typer.Option("--allow-writes", help="With --serve: run the real path, which changes the serve (prefill, backup, L3 writes, --flush); "
+                 "without it the path is only observed."),
+]
+
+WRITE_EXAMPLES = examples(
+    "hicache trace write --tokens-file prompt.jsonl",
+    "hicache trace write --tokens-file prompt.jsonl --inject missing-v",
+    "hicache trace write --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --json",
+)
+READ_EXAMPLES = examples(
+    "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush",
+    "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
+    "hicache trace read --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --step",
+)
 
 
 def _render_step(step: dict) -> None:
@@ -50,14 +78,13 @@ def _render_step(step: dict) -> None:
     stdout.print(
         f"[bold]{step['step']:>2}. {step['name']}[/]  [{_STYLE.get(status, '')}]{status}[/]  "
         f"{step['summary']}  [dim]({step['elapsed_ms']:.1f} ms)[/]",
-        highlight=False,
     )
     if step.get("invariant"):
-        stdout.print(f"      [dim]checks:[/] {step['invariant']}", highlight=False)
+        stdout.print(f"      [dim]checks:[/] {step['invariant']}")
     if step.get("state"):
-        stdout.print(f"      [dim]state:[/]  {step['state']}", highlight=False)
+        stdout.print(f"      [dim]state:[/]  {step['state']}")
     for cause in step.get("causes", []):
-        stdout.print(f"      [yellow]-[/] {cause}", highlight=False)
+        stdout.print(f"      [yellow]-[/] {cause}")
 
 
 def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
@@ -75,25 +102,40 @@ def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
         sys.stdin.readline()
 
 
-def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_salt, inject, serve_url, flush, step, json_output) -> None:
+def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_salt, inject, serve_url, flush, step, json_output,
+           timeout: float, engine_flags_given: list[str], allow_writes: bool) -> None:
     with reporting(json_output):
+        from hicache_ops.server.client import check_timeout
         from hicache_ops.tokens import load_prompt
 
+        check_timeout(timeout)
         prompt = load_prompt(**prompt_args)
         extra_key = extra_key if extra_key is not None else prompt.extra_key
         cache_salt = cache_salt if cache_salt is not None else prompt.cache_salt
         if serve_url is not None:
             if inject is not None:
                 raise InputError("--inject works with the embedded engine only, not with --serve.")
+            if engine_flags_given:
+                raise InputError(f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
+                                 hint="Drop them, or trace without --serve.")
+            if flush and not allow_writes:
+                raise InputError("--flush drops the serve's L1 and L2: that changes the serve; pass --allow-writes if you mean it.",
+                                 hint="Without --allow-writes a trace on a serve observes the path and changes nothing.")
+            from hicache_ops import interrupt
             from hicache_ops.server.client import ServeClient
+            from hicache_ops.trace.run import check_traceable
 
-            with ServeClient(serve_url, timeout_s=120) as client:
-                run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush)
+            with ServeClient.open(serve_url, timeout_s=timeout) as client:
+                check_traceable(prompt.input_ids, client.stats()["config"]["page_size"])
+                with interrupt.stop_on_signals(), interrupt.cancellable():
+                    run = client.trace(kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes)
             for s in run["steps"]:
                 _emit_step(s, json_output, step)
         else:
             if flush:
                 raise InputError("--flush applies to --serve; the embedded engine starts empty.")
+            if allow_writes:
+                raise InputError("--allow-writes applies to --serve; the embedded engine is a scratch instance of its own.")
             from hicache_ops.trace.run import check_fault, run_embedded
 
             check_fault(kind, inject)
@@ -106,10 +148,10 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
         failed = run["failed_step"]
         if failed is not None:
             if not json_output:
-                stdout.print(f"\n[bold red]The {kind} path stops at step {failed['step']} ({failed['name']}).[/]", highlight=False)
+                stdout.print(f"\n[bold red]The {kind} path stops at step {failed['step']} ({failed['name']}).[/]")
             raise typer.Exit(1)
         if not json_output:
-            stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]", highlight=False)
+            stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]")
 
 
 def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name, extra_backend_tag, write_policy, stop_policy, prefetch_threshold, layout):
@@ -129,6 +171,7 @@ def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name,
 
 def _command(kind: str):
     def command(
+        ctx: typer.Context,
         tokens: TokensOption = None,
         tokens_file: TokensFileOption = None,
         line: LineOption = None,
@@ -136,38 +179,46 @@ def _command(kind: str):
         tokenizer: TokenizerOption = None,
         extra_key: ExtraKeyOption = None,
         cache_salt: CacheSaltOption = None,
-        serve: ServeOption = None,
-        flush: Annotated[bool, typer.Option("--flush", help="With --serve: flush L1/L2 first.")] = False,
+        serve: OptionalServeOption = None,
+        flush: Annotated[
+            bool, typer.Option("--flush", help="With --serve: flush L1/L2 first.", rich_help_panel=INPUT)
+        ] = False,
         inject: InjectOption = None,
         step: StepOption = False,
+        allow_writes: AllowWritesOption = False,
         page_size: PageSizeOption = 16,
-        preset: Annotated[str, typer.Option("--preset", help="Embedded engine geometry preset.")] = "tiny",
-        device_tokens: Annotated[int, typer.Option("--device-tokens", help="Embedded L1 tokens per rank.")] = 4096,
-        tp_size: Annotated[int, typer.Option("--tp-size", help="Embedded engine TP ranks.")] = 1,
+        preset: PresetOption = "tiny",
+        device_tokens: DeviceTokensOption = 4096,
+        tp_size: TpSizeOption = 1,
         sglang_version: SglangVersionOption = None,
         model_name: ModelNameOption = "hicache/tiny",
         extra_backend_tag: ExtraBackendTagOption = None,
-        write_policy: Annotated[str, typer.Option("--hicache-write-policy", help="Embedded write policy.")] = "write_through",
-        stop_policy: Annotated[
-            str, typer.Option("--hicache-storage-prefetch-policy", help="Embedded prefetch stop policy.")
-        ] = "best_effort",
-        prefetch_threshold: Annotated[int, typer.Option("--prefetch-threshold", help="Embedded prefetch threshold.")] = 256,
-        layout: Annotated[str, typer.Option("--hicache-mem-layout", help="Embedded host layout.")] = "page_first",
+        write_policy: WritePolicyOption = WritePolicy.write_through,
+        stop_policy: StopPolicyOption = StopPolicy.timeout,
+        prefetch_threshold: PrefetchThresholdOption = 256,
+        layout: LayoutOption = HostLayout.page_first,
+        timeout: TimeoutOption = 3.0,
         json_output: JsonOption = False,
     ) -> None:
+        engine_flags = {"page_size": "--page-size", "preset": "--preset", "device_tokens": "--device-tokens", "tp_size": "--tp-size",
+                        "sglang_version": "--sglang-version", "model_name": "--model-name", "extra_backend_tag": "--extra-backend-tag",
+                        "write_policy": "--hicache-write-policy", "stop_policy": "--hicache-storage-prefetch-policy",
+                        "prefetch_threshold": "--prefetch-threshold", "layout": "--hicache-mem-layout"}
+        given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
         _trace(
             kind,
             dict(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer),
             dict(preset=preset, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
-                 sglang_version=sglang_version, model_name=model_name, extra_backend_tag=extra_backend_tag,
-                 write_policy=write_policy, stop_policy=stop_policy, prefetch_threshold=prefetch_threshold, layout=layout),
-            extra_key, cache_salt, inject, serve, flush, step, json_output,
+                 sglang_version=value_of(sglang_version), model_name=model_name, extra_backend_tag=extra_backend_tag,
+                 write_policy=write_policy.value, stop_policy=stop_policy.value, prefetch_threshold=prefetch_threshold,
+                 layout=layout.value),
+            extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given, allow_writes,
         )
 
     command.__doc__ = {
         "write": "Trace a prompt from device slots to verified Mooncake objects, step by step.",
         "read": "Trace a prompt from the local match through L3 to verified device bytes, step by step.",
-    }[kind]
+    }[kind] + "\n\nWithout --serve the trace runs on an embedded engine (with its own loopback master) built from the deployment options."
     return command
 
 

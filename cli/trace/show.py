@@ -11,8 +11,14 @@ from rich.table import Table
 
 from hicache_ops.trace.show import show as show_summary
 
+from ..help import examples
 from ..options import JsonOption
 from ..output import emit, reporting, stdout
+
+EXAMPLES = examples(
+    "hicache trace show /tmp/hicache-tap.jsonl",
+    "hicache trace show hicache-tap.tp0.jsonl hicache-tap.tp1.jsonl --json",
+)
 
 QUERY_ROWS = 20
 
@@ -42,13 +48,11 @@ def _render(s: dict) -> None:
     stdout.print(
         f"[bold]{src['records']}[/] records, {src['storage_calls']} storage calls, "
         f"ranks {', '.join(src['ranks']) or '-'}, pids {', '.join(map(str, src['pids'])) or '-'}{when}",
-        highlight=False,
     )
     for o in src["opens"]:
         state = f"[red]failed: {o['error']}[/]" if o.get("error") else "opened"
         stdout.print(f"  {o['rank']} pid {o['pid']}: {state}  model {o.get('model_name') or '-'}  "
-                     f"key prefix {o.get('key_prefix') or '(none)'}  master {o.get('master') or '-'}",
-                     highlight=False)
+                     f"key prefix {o.get('key_prefix') or '(none)'}  master {o.get('master') or '-'}")
     if s["methods"]:
         stdout.print(_method_table("calls per method (latency in ms)", s["methods"]))
     if len(s["ranks"]) > 1:
@@ -60,7 +64,6 @@ def _render(s: dict) -> None:
         stdout.print(
             f"[bold]storage-hit prefix[/] {q['count']} queries: {q['full_hits']} full, {q['partial_hits']} partial, "
             f"{q['misses']} miss; {q['pages_hit']}/{q['pages_asked']} pages hit (ratio {_fmt(q['hit_ratio'])})",
-            highlight=False,
         )
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("seq", "rank", "hit/asked", "first page key"):
@@ -70,53 +73,51 @@ def _render(s: dict) -> None:
             table.add_row(str(item["seq"]), item["rank"], f"{item['hit_pages']}/{item['pages']}",
                           (item["first_key"] or "-")[:16])
         if len(rows) > QUERY_ROWS:
-            stdout.print(f"  (last {QUERY_ROWS} of {len(rows)}; --json lists them all)", highlight=False)
+            stdout.print(f"  (last {QUERY_ROWS} of {len(rows)}; --json lists them all)")
         stdout.print(table)
 
     f = s["failures"]
     if f["count"]:
         stdout.print(f"[bold red]failures[/] {f['count']}: "
-                     + ", ".join(f"{k} {n}" for k, n in sorted(f["by_kind"].items())), highlight=False)
+                     + ", ".join(f"{k} {n}" for k, n in sorted(f["by_kind"].items())))
         for item in f["list"][:QUERY_ROWS]:
             where = f"{item['rank']} seq {item['seq']} {item['method']}"
             if item["kind"] == "raised":
-                stdout.print(f"  {where}: raised {item['detail']}", highlight=False)
+                stdout.print(f"  {where}: raised {item['detail']}")
             else:
                 stdout.print(
                     f"  {where}: {item['failed_pages']}/{item['pages']} pages failed, first at "
                     f"{item['first_failed_index']} ({(item['first_failed_key'] or '-')[:16]}): {item['detail']}",
-                    highlight=False,
                 )
     else:
-        stdout.print("[green]failures[/] none", highlight=False)
+        stdout.print("[green]failures[/] none")
 
     k = s["keys"]
     p = k["pages"]
-    stdout.print(f"[bold]keys[/] {k['verdict']}", highlight=False)
+    stdout.print(f"[bold]keys[/] {k['verdict']}")
     stdout.print(
         f"  pages written {p['written']}, read ok {p['read_ok']} (of them written here {p['read_ok_written_here']}), "
         f"read failed {p['read_failed']}, read but never written here {p['read_never_written']}, "
         f"written never read {p['written_never_read']}",
-        highlight=False,
     )
     for key in p["lists"]["read_never_written"]:
-        stdout.print(f"    read, never written: {key}", highlight=False)
+        stdout.print(f"    read, never written: {key}")
     for key in p["lists"]["read_failed_after_write"]:
-        stdout.print(f"    [red]written, then read failed:[/] {key}", highlight=False)
+        stdout.print(f"    [red]written, then read failed:[/] {key}")
     o = k["objects"]
     if o is not None:
         stdout.print(
             f"  objects put {o['put']}, already present at set {o['present_at_set']}, got {o['get_ok']} "
             f"(put here {o['get_ok_put_here']}), get failed {o['get_failed']} "
             f"(put here {o['get_failed_put_here']}; codes {o['get_failed_codes'] or '-'})",
-            highlight=False,
         )
 
 
 def show(
     files: Annotated[
         list[str],
-        typer.Argument(help="Tap recording(s): one per rank, as `hicache tap` names them.", show_default=False),
+        typer.Argument(help="Tap recording(s): one per rank, as `hicache tap` names them.", metavar="FILE",
+                       show_default=False),
     ],
     json_output: JsonOption = False,
 ) -> None:

@@ -1,4 +1,4 @@
-"""The multi-turn benchmark of seed 002 / FACTS §8, run against the embedded tiered cache.
+"""The multi-turn benchmark (docs/workloads.md#multi-turn-workload), run against the embedded tiered cache.
 
 Workload (SGLang's `benchmark/hicache/bench_multiturn.py`): `clients` conversations, each with a
 growing history of random token ids (one fixed seed, a different history per client). In round r
@@ -6,13 +6,13 @@ a client's prompt is its history plus a new question of `new_tokens`; the answer
 `output_tokens` then joins the history. A round barrier: every client is served once per round,
 in the same order every round. Hit rate = cached prompt tokens / prompt tokens.
 
-Each request is one `TieredCache.prefill` of prompt + answer: the answer's pages join the tree as
-a finished request's decode leaves them (SGLang caches a finished request's prompt and output),
-while the hit counts belong to the prompt alone (the cached prefix can never reach into the new
-question or the answer). Prefilled tokens = prompt tokens - cached tokens. One prefill is one
-hit per page, as in SGLang 0.5.23 (a request's second insert at finish does not count its own
-pages again): under write_through_selective a page is backed up by the next request that still
-finds it in L1, so after the L1 cliff new turns never reach L2 or L3.
+Each request is one `TieredCache.request(prompt, answer)`: the prompt is matched (up to its length
+- 1), loaded, prefetched and computed, then the finish inserts prompt + answer but its last token,
+as SGLang caches a finished request (docs/controller.md#finished-requests). Prefilled tokens =
+prompt tokens - cached tokens. Hits are counted as the chosen SGLang version counts them: 0.5.14
+per insert (a request's prefill and finish both count, so write_through_selective backs a turn up
+at its own finish), 0.5.23 once per request (a page is backed up by the next request that still
+finds it in L1, so after the L1 cliff new turns never reach L2 or L3).
 
 The same workload runs side by side in three configurations of the same engine code (tree,
 eviction, write and prefetch policies): L1 only, L1+L2, L1+L2+L3. The only difference between
@@ -20,7 +20,7 @@ the accounting-only mode and the real-bytes mode is the plane factory (`_build_a
 `_build_bytes`): the engine builder's byte-free planes, or real device/host pools and Mooncake.
 
 The ceiling: round r's prompt has r*(new+output) tokens of history and `new` fresh ones, so no
-cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 that is FACTS §8's
+cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 that is
 4112r / (4096(r+1) + 16r). A page-granular cache reaches floor(r*(n+o)/page)*page of it
 (`ceiling_paged`).
 
@@ -37,15 +37,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.scheduler import WaveStats, run_wave
 from ..errors import HicacheError, InputError
 from ..sglang.versions import NEWEST, validate_version
 
 CONFIGS: tuple[str, ...] = ("l1", "l1_l2", "l1_l2_l3")
 LABELS: dict[str, str] = {"l1": "L1", "l1_l2": "L1+L2", "l1_l2_l3": "L1+L2+L3"}
-# The published run's seed (seed 002: `bench_multiturn.py` draws token ids with 20260626).
+# The published run's random seed (`bench_multiturn.py` draws token ids with 20260626).
 PUBLISHED_SEED = 20260626
-# Seed 002 puts the GPU pool at 18 rounds of every client's history to land the L1 cliff where
-# the published figure shows it.
+# The published run's GPU pool holds 18 rounds of every client's history: the L1 cliff lands where
+# its figure shows it (docs/workloads.md#multi-turn-workload).
 DEFAULT_L1_ROUNDS = 18.0
 # Random token ids are drawn below this (a typical vocabulary size).
 VOCAB_SIZE = 32000
@@ -78,6 +79,9 @@ class MultiturnSpec:
     seed: int = PUBLISHED_SEED
     accounting_only: bool = True
     sglang_version: str = NEWEST
+    # None: one request at a time (the published simulation). N: waves of N clients arrive
+    # together and the scheduler model admits them (engine/scheduler.py).
+    concurrency: int | None = None
     preset: str = "tiny"  # the KV geometry behind the byte counts (and the real-bytes pools)
 
     # -- derived sizes ------------------------------------------------------------------------
@@ -91,8 +95,9 @@ class MultiturnSpec:
         return r * self.turn_tokens + self.new_tokens
 
     def history_pages(self, rounds_done: int) -> int:
-        """Whole pages of one client's history after `rounds_done` rounds (prompts + answers)."""
-        return rounds_done * self.turn_tokens // self.page_size
+        """Whole pages of one client's history a cache keeps after `rounds_done` rounds: prompts and
+        answers but the last answer token, whose KV is never computed (docs/controller.md#finished-requests)."""
+        return max(rounds_done * self.turn_tokens - 1, 0) // self.page_size
 
     def ceiling(self, r: int) -> float:
         """h_max(r): the share of round r's prompt that any cache could hit."""
@@ -130,8 +135,10 @@ class MultiturnSpec:
         positive_int("output-tokens", self.output_tokens, 0)
         positive_int("page-size", self.page_size)
         positive_int("seed", self.seed, 0)
+        if self.concurrency is not None:
+            positive_int("concurrency", self.concurrency)
         validate_version(self.sglang_version)
-        from ..engine.policy import check_write_policy
+        from ..sglang.policy import check_write_policy
 
         check_write_policy(self.write_policy)
         if self.l1_tokens is not None and self.l1_rounds is not None:
@@ -192,7 +199,7 @@ class MultiturnSpec:
 
     @property
     def host_pages(self) -> int:
-        """SGLang's host pool: int(device tokens x ratio) // page + 1 pages (FACTS §3)."""
+        """SGLang's host pool: int(device tokens x ratio) // page + 1 pages (docs/host-pool.md#size)."""
         return self.engine_spec("l1_l2").host_layout(mooncake=True).page_num
 
     def predicted_cliffs(self) -> dict[str, int | None]:
@@ -225,6 +232,7 @@ class MultiturnSpec:
             "vocab_size": VOCAB_SIZE,
             "sglang_version": self.sglang_version,
             "preset": self.preset,
+            "concurrency": self.concurrency,
         }
 
 
@@ -308,6 +316,7 @@ class ConfigRun:
     host_pages: int = 0
     elapsed_s: float = 0.0
     cpu_s: float = 0.0
+    waves: dict = field(default_factory=dict)  # the concurrency model's totals (WaveStats)
 
 
 def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = None,
@@ -330,12 +339,12 @@ def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = Non
     gc.disable()
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        prefill = cache.prefill
+        waves = WaveStats()
         for r in range(spec.rounds):
             end = (r + 1) * turn
+            prompt_end = end - spec.output_tokens
             device = host = storage = 0
-            for c in range(spec.clients):
-                result = prefill(tokens[c, :end])
+            for result in _serve_round(cache, spec, tokens, prompt_end, end, waves):
                 device += result.device_hit
                 host += result.host_hit
                 storage += result.storage_hit
@@ -348,6 +357,8 @@ def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = Non
                 progress(config, r, spec.rounds)
         run.stats = asdict(cache.stats)
         run.occupancy = cache.occupancy()
+        if spec.concurrency is not None:
+            run.waves = asdict(waves)
     finally:
         run.elapsed_s = time.perf_counter() - t0
         run.cpu_s = time.process_time() - c0
@@ -355,6 +366,20 @@ def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = Non
             gc.enable()
         close()
     return run
+
+
+def _serve_round(cache, spec: MultiturnSpec, tokens: np.ndarray, prompt_end: int, end: int, waves: WaveStats):
+    """One round's requests: one at a time, or in waves of `concurrency` clients arriving together."""
+    clients = range(spec.clients)
+    if spec.output_tokens == 0:  # nothing is generated: the prompt alone
+        return [cache.prefill(tokens[c, :prompt_end]) for c in clients]
+    if spec.concurrency is None:
+        return [cache.request(tokens[c, :prompt_end], tokens[c, prompt_end:end]) for c in clients]
+    out = []
+    for first in range(0, spec.clients, spec.concurrency):
+        wave = [(tokens[c, :prompt_end], tokens[c, prompt_end:end]) for c in clients[first : first + spec.concurrency]]
+        out += run_wave(cache, wave, waves)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +466,12 @@ class MultiturnResult:
                 "mismatched_pages": s.get("mismatched_pages", 0),
                 "elapsed_s": run.elapsed_s,
                 "cpu_s": run.cpu_s,
+                "prefetches": {
+                    "issued": s.get("prefetches_issued", 0),
+                    "rate_limited": s.get("prefetches_rate_limited", 0),
+                    "revoked": s.get("prefetches_revoked", 0),
+                },
+                "waves": run.waves,
             }
         return {
             "mode": self.mode,
@@ -461,7 +492,16 @@ class MultiturnResult:
             "configurations": configurations,
             "workers": self.workers,
             "wall_s": self.wall_s,
+            "in_flight_rule": _in_flight_rule(spec),
         }
+
+
+def _in_flight_rule(spec: MultiturnSpec) -> str:
+    """The in-flight prefetch limit SGLang applies to these pools (docs/controller.md#in-flight-limit)."""
+    from ..sglang import policy as pol
+
+    limit = pol.prefetch_limit_tokens(spec.sglang_version, spec.host_pages * spec.page_size, spec.device_tokens)
+    return f"limit {limit:,} tokens, {pol.prefetch_limit_rule(spec.sglang_version)}; {pol.retry_rule(spec.sglang_version)}"
 
 
 def _worker(spec: MultiturnSpec, config: str, queue) -> None:

@@ -77,7 +77,7 @@ class ReplaySpec:
         integer("page-size", self.page_size, 1)
         integer("l1-tokens", self.l1_tokens, self.page_size)
         validate_version(self.sglang_version)
-        from ..engine.policy import check_write_policy
+        from ..sglang.policy import check_write_policy
         from ..sglang.geometry import preset
 
         check_write_policy(self.write_policy)

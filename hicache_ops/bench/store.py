@@ -57,13 +57,14 @@ def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int
     import numpy as np
 
     from ..mooncake.master import EmbeddedMaster
-    from ..mooncake.store import StoreClient
+    from ..mooncake.store import StoreClient, check_fits_in_memory
 
     if rounds < 1 or not cases or any(c < 1 or s < 1 for c, s in cases):
-        raise InputError("--rounds and every case's object count and size must be >= 1.")
+        raise InputError("--repeats and every case's object count and size must be >= 1.")
     largest = max(c * s for c, s in cases)
     # Room for one round of both sides plus the get set, with head-room under the eviction watermark.
     segment = max(64 << 20, 4 * largest)
+    check_fits_in_memory(segment + 2 * largest, f"--case {largest // 2**20} MiB per batch (segment and buffers)")
     results: list[CaseResult] = []
     with EmbeddedMaster() as master:
         client = StoreClient.connect(master.rpc_address, segment_size=segment)

@@ -14,7 +14,7 @@ from ..sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
 from ..sglang.host_pool import HostPoolLayout
 from ..sglang.rewrites import resolve_layout
 from ..sglang.versions import NEWEST
-from . import policy as pol
+from ..sglang import policy as pol
 from .cache import CacheConfig, TieredCache
 from .planes import AccountingPlane, MemoryL3
 
@@ -28,8 +28,8 @@ class EngineSpec:
     hicache_size_gb: float = 0
     layout: str = "page_first"
     io_backend: str = "kernel"
-    write_policy: str = "write_through"
-    stop_policy: str = "best_effort"
+    write_policy: str = pol.DEFAULT_WRITE_POLICY
+    stop_policy: str = pol.DEFAULT_STOP_POLICY
     prefetch_threshold: int = pol.DEFAULT_PREFETCH_THRESHOLD
     timeout_budget: pol.TimeoutBudget = pol.TimeoutBudget()
     sglang_version: str = NEWEST
@@ -38,6 +38,7 @@ class EngineSpec:
     tp_size: int = 1
     tp_lcm_size: int | None = None
     enable_l2: bool = True
+    host_memory_mode: str = "cache"  # 0.5.23 --hicache-host-memory-mode; only cache is modelled
     torch_device: str = "auto"  # "auto": cuda:r per rank when there are tp_size GPUs, else cpu
 
     def host_layout(self, mooncake: bool) -> HostPoolLayout:
@@ -67,6 +68,9 @@ class EngineSpec:
         ]
 
     def cache_config(self, host: HostPoolLayout) -> CacheConfig:
+        unmodelled = pol.unmodelled_host_mode(self.host_memory_mode, self.sglang_version)
+        if unmodelled:
+            raise InputError(unmodelled)
         if self.device_tokens % self.page_size:
             raise InputError(
                 f"device tokens {self.device_tokens} are not a whole number of {self.page_size}-token pages."

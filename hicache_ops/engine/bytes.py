@@ -20,7 +20,7 @@ from ..kernels import transfer
 from ..sglang.host_pool import DevicePoolLayout, HostPoolLayout
 from ..sglang.geometry import ModelGeometry
 from .planes import ReadOutcome, WriteOutcome
-from .policy import STORAGE_BATCH_PAGES
+from ..sglang.policy import STORAGE_BATCH_PAGES
 from .reference import reference_page
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -1,11 +1,13 @@
-"""The embedded tiered cache: one page tree over L1 (device), L2 (host) and L3 (store).
+"""The embedded tiered cache: one radix tree over L1 (device), L2 (host) and L3 (store).
 
-`TieredCache.prefill(tokens)` walks a request the way SGLang's HiCache does (FACTS §4):
-match the tree (device hit, then host hit), load a host hit back when it reaches
-`load_back_threshold`, prefetch the unmatched page-aligned suffix from L3 when it reaches the
-prefetch threshold (revoked when the minimum hit over all ranks is below it, cut by the stop
-policy), compute the rest, then back pages up by the write policy (to host, and from host to L3).
-Eviction is per tier, leaf-only LRU; write_back backs a node up when it leaves the device.
+`TieredCache.request(prompt, output)` serves one request the way SGLang's HiCache does, per
+`--sglang-version` (docs/controller.md): match the tree up to input length - 1 (device hit, then
+host hit), prefetch the rest of the page-aligned span from L3 when it reaches the threshold (cut
+by the stop policy), load the host part back when it reaches the load-back threshold, compute the
+rest, insert it (a hit per node the insert passes on the device), back nodes up by the write
+policy (to host, and once to L3 when the host copy is acknowledged), then insert the prompt and
+output at finish. `prefill(tokens)` is the prompt half alone (serve, trace).
+Eviction takes whole radix nodes, per tier, in the configured policy's order.
 
 The cache only decides and counts; a DataPlane and an L3Tier move the bytes (or not, in
 accounting mode), so the same decisions run at benchmark scale and byte for byte.
@@ -23,9 +25,9 @@ import numpy as np
 from ..errors import InputError
 from ..sglang.keys import as_token_array, page_keys
 from ..sglang.versions import V0_5_14, V0_5_23, validate_version
-from . import policy as pol
-from .planes import DataPlane, L3Tier
-from .tree import PageNode, PageTree
+from ..sglang import policy as pol
+from .planes import DataPlane, L3Tier, ReadOutcome
+from .tree import Node, RadixTree, page_views
 
 
 class CapacityError(InputError):
@@ -37,8 +39,8 @@ class CacheConfig:
     page_size: int = 16
     device_pages: int = 64
     host_pages: int = 129
-    write_policy: str = "write_through"
-    stop_policy: str = "best_effort"
+    write_policy: str = pol.DEFAULT_WRITE_POLICY
+    stop_policy: str = pol.DEFAULT_STOP_POLICY
     prefetch_threshold: int = pol.DEFAULT_PREFETCH_THRESHOLD
     load_back_threshold: int = pol.LOAD_BACK_THRESHOLD
     sglang_version: str = V0_5_23
@@ -47,6 +49,7 @@ class CacheConfig:
     # arrived by then, `timeout` waits at least this long.
     admission_s: float = 0.05
     enable_l2: bool = True
+    eviction_policy: str = pol.DEFAULT_EVICTION_POLICY
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -58,6 +61,7 @@ class CacheConfig:
         pol.check_write_policy(self.write_policy)
         pol.check_stop_policy(self.stop_policy)
         validate_version(self.sglang_version)
+        pol.check_eviction_policy(self.eviction_policy, self.sglang_version)
 
 
 @dataclass
@@ -67,7 +71,10 @@ class PrefetchInfo:
     considered_tokens: int = 0  # the unmatched page-aligned suffix
     threshold: int = 0
     issued: bool = False
-    reason: str = ""  # why not issued / revoked / cut
+    reason: str = ""  # why not issued / revoked / cut, naming the rule and version
+    rate_limited: bool = False  # refused by the in-flight limit
+    requested_tokens: int = 0  # the span the prefetch asked for (what the in-flight limit counts)
+    allocated_pages: int = 0  # host pages it got (may be partial)
     rank_hits: list[int] = field(default_factory=list)  # contiguous pages per rank
     hit_pages: int = 0  # min over ranks
     completed_pages: int = 0  # arrived before the stop policy's deadline
@@ -95,6 +102,9 @@ class PrefillResult:
     mismatched_pages: int = 0
     backed_up_pages: int = 0
     stored_pages: int = 0
+    device_evicted_pages: int = 0  # pages this request's allocations took off the device
+    host_evicted_pages: int = 0  # host pages freed by its allocations (eviction and 0.5.23 reclaim)
+    output_pages: int = 0  # pages the finish insert added (request() only)
     prefetch: PrefetchInfo = field(default_factory=PrefetchInfo)
     timings_ms: dict[str, float] = field(default_factory=dict)
     page_keys: list[str] = field(default_factory=list)
@@ -119,11 +129,14 @@ class CacheStats:
     host_hit: int = 0
     storage_hit: int = 0
     computed: int = 0
-    device_evictions: int = 0
-    host_evictions: int = 0
+    device_evictions: int = 0  # pages
+    host_evictions: int = 0  # pages
+    device_evicted_nodes: int = 0
+    host_evicted_nodes: int = 0
+    host_reclaimed_nodes: int = 0  # 0.5.23 write_back: host copies of device-resident nodes
     write_back_backups: int = 0
     dropped_pages: int = 0  # evicted from every tier
-    backup_failures: int = 0  # host or L3 backups that could not be made
+    backup_failures: int = 0  # host copies that got no host page, and L3 pages whose write failed
     mismatched_pages: int = 0
     bytes_h2d: int = 0
     bytes_d2h: int = 0
@@ -133,6 +146,7 @@ class CacheStats:
     l3_objects_skipped: int = 0
     prefetches_issued: int = 0
     prefetches_revoked: int = 0
+    prefetches_rate_limited: int = 0
 
 
 class PagePool:
@@ -150,11 +164,8 @@ class PagePool:
     def used(self) -> int:
         return self.capacity - len(self._free)
 
-    def take(self) -> int:
-        return self._free.pop()
-
     def take_many(self, n: int) -> list[int]:
-        """n pages: the same ones, in the same order, as n take() calls."""
+        """n pages, the most recently freed first."""
         free = self._free
         cut = len(free) - n
         pages = free[cut:]
@@ -162,15 +173,41 @@ class PagePool:
         del free[cut:]
         return pages
 
-    def give(self, page: int) -> None:
-        self._free.append(page)
-
     def give_many(self, pages: list[int]) -> None:
-        """The same as give() for each page, in order."""
+        """Return pages to the pool."""
         self._free.extend(pages)
 
     def reset(self) -> None:
         self._free = list(range(self.capacity - 1, -1, -1))
+
+
+@dataclass
+class _Prefetch:
+    """An issued prefetch, holding its host pages until the request's admission lands it."""
+
+    pos: int  # the first page it reads
+    requested_tokens: int
+    host_pages: list[int]
+    outcome: ReadOutcome
+
+
+@dataclass(eq=False)
+class Arrival:
+    """A request queued by the concurrency model (scheduler.py), between arrival and finish."""
+
+    prompt: np.ndarray
+    output: np.ndarray
+    n_pages: int
+    keys: tuple[list[str], list[str]]
+    result: PrefillResult
+    decode_passes: int
+    prefetch: _Prefetch | None = None
+    rate_limited: bool = False
+    retries: int = 0
+    parked_at: int = 0  # the scheduler pass its prefetch was refused at
+    anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
+    matched_pages: int = 0  # its local match when its prefetch was last considered
+    held: list[Node] = field(default_factory=list)
 
 
 class TieredCache:
@@ -178,12 +215,25 @@ class TieredCache:
         self.config = config
         self.plane = plane
         self.l3 = l3
-        self.tree = PageTree()
+        version = config.sglang_version
+        self.tree = RadixTree(version, config.eviction_policy)
         self.device = PagePool(config.device_pages)
         self.host = PagePool(config.host_pages if config.enable_l2 else 0)
         self.stats = CacheStats()
         self.lock = threading.RLock()  # one request at a time, like SGLang's scheduler loop
         self._write_threshold = pol.write_through_threshold(config.write_policy)
+        self._counts_every_insert = pol.counts_every_insert(version)
+        self._chains_ancestors = pol.backs_up_unbacked_ancestors(version)
+        self._reclaims_duplicates = pol.reclaims_host_duplicates(version, config.write_policy)
+        # Requested tokens of prefetches issued and not yet admitted (the concurrency model sets
+        # it; one request at a time it is 0 when a prefetch is considered).
+        self.in_flight_tokens = 0
+        # Device pages admitted requests will still take for their output (the concurrency model).
+        self.reserved_pages = 0
+        self._last_backup_bytes = 0
+        self._last_l3_bytes = 0
+        self._request_device_evicted = 0
+        self._request_host_evicted = 0
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict], None] | None = None
 
@@ -193,121 +243,174 @@ class TieredCache:
 
     # -- keys -----------------------------------------------------------------------------------
 
-    def keys_for(self, tokens: np.ndarray, extra_key: str | None, cache_salt: str | None) -> tuple[list[str], list[str]]:
-        """(tree keys, L3 page keys) of the whole pages of a prompt.
+    def keys_for(
+        self, tokens: np.ndarray, extra_key: str | None, cache_salt: str | None,
+        known: tuple[list[str], list[str]] | None = None,
+    ) -> tuple[list[str], list[str]]:
+        """(tree keys, L3 page keys) of the whole pages of a prompt; `known` holds the keys of its
+        first pages already (the chain continues from them).
 
-        The tree always separates namespaces; 0.5.14's L3 keys ignore them (FACTS §1).
+        The tree always separates namespaces; 0.5.14's L3 keys ignore them (docs/keys.md#namespace-seed).
         """
         ps, version = self.config.page_size, self.config.sglang_version
-        tree_keys = page_keys(tokens, ps, V0_5_23, extra_key=extra_key, cache_salt=cache_salt)
+        tree_known, storage_known = known if known is not None else ([], [])
+        rest = tokens[len(tree_known) * ps :]
+        tree_keys = tree_known + page_keys(
+            rest, ps, V0_5_23, extra_key=extra_key, cache_salt=cache_salt, prior=tree_known[-1] if tree_known else None
+        )
         if version == V0_5_14 and (extra_key is not None or cache_salt):
-            return tree_keys, page_keys(tokens, ps, V0_5_14)
+            storage_keys = storage_known + page_keys(rest, ps, V0_5_14, prior=storage_known[-1] if storage_known else None)
+            return tree_keys, storage_keys
         return tree_keys, tree_keys
 
     # -- allocation and eviction ----------------------------------------------------------------
 
     def _alloc_device(self, n: int) -> list[int]:
-        if self.device.free < n:
-            self._evict_device(n - self.device.free)
-        if self.device.free < n:
+        pages = self._try_alloc_device(n)
+        if pages is None:
             raise CapacityError(
                 f"the device pool has {self.device.capacity} pages and cannot hold {n} more "
                 "even after evicting every unpinned page.",
                 hint="Use a larger device pool or a shorter prompt.",
             )
+        return pages
+
+    def _try_alloc_device(self, n: int) -> list[int] | None:
+        if self.device.free < n:
+            self._evict_device(n - self.device.free)
+        if self.device.free < n:
+            return None
         return self.device.take_many(n)
 
-    def _alloc_host(self, n: int, pinned: set[int] | None = None) -> list[int] | None:
-        """n host pages, evicting host leaves; None when they cannot be had."""
+    def _alloc_host(self, n: int, at_least: int | None = None) -> list[int] | None:
+        """n host pages, evicting host nodes for them; with `at_least`, fewer (what is free) when
+        that is at least `at_least` pages. None when they cannot be had."""
         if n == 0:
             return []
         if not self.config.enable_l2:
             return None
         if self.host.free < n:
-            self._evict_host(n - self.host.free, pinned or set())
-        if self.host.free < n:
-            return None
-        return self.host.take_many(n)
+            self._evict_host(n - self.host.free)
+        if self.host.free >= n:
+            return self.host.take_many(n)
+        if at_least is not None and self.host.free >= at_least:
+            return self.host.take_many(self.host.free)
+        return None
 
     def _evict_device(self, n: int) -> None:
-        """Leaf-only LRU (PageTree.evict_device): a backed-up page keeps its host copy, one that
-        is not is dropped; write_back backs a page up as it leaves."""
-        write_back = self._write_back_one if self.config.write_policy == "write_back" else None
+        """Whole device leaves in policy order; write_back backs each up as it leaves (without a
+        host tier there is no HiCache: a leaf is simply dropped)."""
+        write_back = (
+            self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
+        )
         freed: list[int] = []
-        dropped = 0
+        nodes = dropped = 0
         try:
-            dropped = self.tree.evict_device(n, freed, write_back)  # (not `stats.x += call()`: the call may count drops itself)
+            nodes, dropped = self.tree.evict_device(n, write_back, freed)
         finally:
             self.device.give_many(freed)
             self.stats.device_evictions += len(freed)
+            self.stats.device_evicted_nodes += nodes
             self.stats.dropped_pages += dropped
+            self._request_device_evicted += len(freed)
 
-    def _write_back_one(self, node: PageNode) -> None:
-        if self._backup_to_host([node], pinned={id(node)}):
-            self.stats.write_back_backups += 1
+    def _write_back_one(self, node: Node) -> bool:
+        if self._backup_node(node):
+            self.stats.write_back_backups += len(node.keys)
+            return True
+        return False
 
-    def _evict_host(self, n: int, pinned: set[int]) -> None:
+    def _evict_host(self, n: int) -> None:
         freed: list[int] = []
-        dropped = 0
-        try:
-            dropped = self.tree.evict_host(n, pinned, freed)  # (not `stats.x += call()`: the call may count drops itself)
-        finally:
-            self.host.give_many(freed)
-            self.stats.host_evictions += len(freed)
-            self.stats.dropped_pages += dropped
+        if self._reclaims_duplicates:
+            self.stats.host_reclaimed_nodes += self.tree.reclaim_host_duplicates(n, freed)
+        nodes = dropped = 0
+        if len(freed) < n:
+            nodes, dropped = self.tree.evict_host(n - len(freed), freed)
+        self.host.give_many(freed)
+        self.stats.host_evictions += len(freed)
+        self.stats.host_evicted_nodes += nodes
+        self.stats.dropped_pages += dropped
+        self._request_host_evicted += len(freed)
 
-    # -- backups --------------------------------------------------------------------------------
+    # -- backups: docs/controller.md#write-policies, #l3-backup ----------------------------------
 
-    def _backup_to_host(self, nodes: list[PageNode], pinned: set[int] | None = None) -> int:
-        """Copy device pages to host (then to L3); return how many were backed up."""
-        nodes = [n for n in nodes if not n.backed_up and n.device_page >= 0]
-        if not nodes:
-            return 0
-        host_pages = (
-            self._alloc_host(len(nodes), pinned={id(n) for n in nodes} | (pinned or set()))
-            if self.config.enable_l2
-            else None  # what _alloc_host answers without a host pool (skips building the pin set)
-        )
+    def _backup_due(self, nodes: list[Node]) -> int:
+        """Back up to host the nodes (root to leaf order) the write policy made due; returns pages."""
+        done = 0
+        for node in nodes:
+            if node.host is not None or node.device is None:
+                continue
+            parent = node.parent
+            if parent is not self.tree.root and parent.host is None:
+                if not self._chains_ancestors:
+                    continue  # 0.5.14: backed-up nodes form a prefix; this one waits for its parent
+                chain = []
+                while parent is not self.tree.root and parent.host is None and parent.device is not None:
+                    chain.append(parent)
+                    parent = parent.parent
+                for ancestor in reversed(chain):
+                    done += self._backup_node(ancestor)
+            done += self._backup_node(node)
+        return done
+
+    def _backup_node(self, node: Node) -> int:
+        """Copy one node's device pages to host, then (once) to L3; returns the pages backed up."""
+        n = len(node.keys)
+        host_pages = self._alloc_host(n)
         if host_pages is None:
-            self.stats.backup_failures += len(nodes)
-            self._emit("backup_failed", pages=len(nodes), host_free=self.host.free, host_pages=self.host.capacity)
+            self.stats.backup_failures += n
+            self._emit(
+                "backup_failed", pages=n, host_free=self.host.free, host_pages=self.host.capacity,
+                l2=self.config.enable_l2,
+            )
             return 0
-        moved = self.plane.backup([n.device_page for n in nodes], host_pages)
+        moved = self.plane.backup(node.device, host_pages)
         self.stats.bytes_d2h += moved
         self._last_backup_bytes += moved
-        self._emit("backup_host", nodes=nodes, device_pages=[n.device_page for n in nodes], host_pages=host_pages, bytes=moved)
-        for node, page in zip(nodes, host_pages):
-            self.tree.set_host(node, page, offer=False)  # acknowledged: the copy above completed
-        self.tree.offer_all(nodes)
-        self._emit("backup_ack", nodes=nodes)
-        self._backup_to_l3(nodes)
-        return len(nodes)
+        if self._observer is not None:
+            self._emit("backup_host", nodes=page_views([node]), device_pages=list(node.device), host_pages=host_pages, bytes=moved)
+        self.tree.set_host(node, host_pages)  # acknowledged: the copy above completed
+        if self._observer is not None:
+            self._emit("backup_ack", nodes=page_views([node]))
+        self._backup_to_l3(node, node.stored)
+        return n
 
-    def _backup_to_l3(self, nodes: list[PageNode], *, recheck: bool = False) -> None:
-        """Write host-resident nodes to L3; `recheck` includes nodes believed stored (the
-        write asks batch_is_exist first, so present objects are not put again)."""
-        if self.l3 is None:
+    def _backup_to_l3(self, node: Node, first: int) -> None:
+        """Write pages first.. of a backed-up node to L3. SGLang writes a node once, when its host
+        copy is acknowledged, and stops at the first failed batch without retrying."""
+        if self.l3 is None or node.host is None or first >= len(node.keys):
             return
-        nodes = [n for n in nodes if n.backed_up and n.host_page >= 0 and (recheck or not n.stored)]  # on_host
-        if not nodes:
-            return
-        for node in nodes:
-            node.host_ref += 1
-        try:
-            ok, outcome = self.l3.write([n.storage_key for n in nodes], [n.host_page for n in nodes])
-        finally:
-            for node in nodes:
-                node.host_ref -= 1
-        for node, stored in zip(nodes, ok):
-            node.stored = stored
-        self._emit("l3_write", nodes=nodes, ok=ok, outcome=outcome)
+        ok, outcome = self.l3.write(node.storage_keys[first:], node.host[first:])
+        written = 0
+        for page_ok in ok:
+            if not page_ok:
+                break
+            written += 1
+        node.stored = max(node.stored, first + written)
+        if self._observer is not None:
+            views = page_views([node])[first:]
+            self._emit("l3_write", nodes=views, ok=ok, outcome=outcome)
         self.stats.bytes_l3_write += outcome.nbytes
         self.stats.l3_objects_written += outcome.written
         self.stats.l3_objects_skipped += outcome.skipped
-        self.stats.backup_failures += sum(1 for s in ok if not s)
+        self.stats.backup_failures += len(ok) - written
         self._last_l3_bytes += outcome.nbytes
 
     # -- the request path -----------------------------------------------------------------------
+
+    def _check_prompt(self, tokens) -> tuple[np.ndarray, int]:
+        cfg = self.config
+        arr = as_token_array(tokens, cfg.sglang_version)
+        if arr.size == 0:
+            raise InputError("the prompt is empty; send at least one token.")
+        n_pages = arr.size // cfg.page_size
+        if n_pages > cfg.device_pages:
+            raise CapacityError(
+                f"the prompt has {n_pages} pages but the device pool holds {cfg.device_pages}.",
+                hint="Send a shorter prompt or start the cache with a larger device pool.",
+            )
+        return arr, n_pages
 
     def prefill(
         self,
@@ -319,115 +422,251 @@ class TieredCache:
         force_backup: bool = False,
         observer: Callable[[str, dict], None] | None = None,
     ) -> PrefillResult:
-        """Serve one request; the result's breakdown adds up to the prompt's tokens.
+        """Serve one prompt (no decode); the result's breakdown adds up to the prompt's tokens.
 
         `force_backup` backs every whole page up to host and L3 now, whatever the write policy,
-        and re-puts objects missing from L3 even where the tree believes them stored (warming).
+        and re-puts objects missing from L3 (warming: an operator action SGLang does not take).
         """
-        cfg = self.config
-        ps = cfg.page_size
-        arr = as_token_array(tokens, cfg.sglang_version)
-        if arr.size == 0:
-            raise InputError("the prompt is empty; send at least one token.")
-        n_pages = arr.size // ps
-        if n_pages > cfg.device_pages:
-            raise CapacityError(
-                f"the prompt has {n_pages} pages but the device pool holds {cfg.device_pages}.",
-                hint="Send a shorter prompt or start the cache with a larger device pool.",
-            )
+        arr, n_pages = self._check_prompt(tokens)
         with self.lock:
             self._observer = observer
             try:
-                return self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
+                result, held, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
+                self.tree.unlock(held)
+                return result
             finally:
                 self._observer = None
 
-    def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys, force_backup=False) -> PrefillResult:
-        cfg, ps = self.config, self.config.page_size
-        t0 = time.perf_counter()
-        self._last_backup_bytes = 0
-        self._last_l3_bytes = 0
+    def request(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
+        """One whole request: the prompt's prefill, then its finish with `output` (the generated
+        token ids; at least one). The prompt's nodes stay locked on the device until the finish
+        inserts prompt + output but the last token (docs/controller.md#finished-requests); hits are
+        counted per insert in 0.5.14 and once per node per request in 0.5.23."""
+        arr, n_pages = self._check_prompt(prompt)
+        out = as_token_array(output, self.config.sglang_version)
+        if out.size == 0:
+            raise InputError("a request generates at least one token.")
+        with self.lock:
+            result, held, keys = self._prefill(arr, n_pages, extra_key, cache_salt, False, False)
+            try:
+                self._finish(np.concatenate([arr, out[:-1]]), keys, extra_key, cache_salt, result)
+            finally:
+                self.tree.unlock(held)
+            return result
+
+    # -- the concurrency model's steps (scheduler.py) ---------------------------------------------
+
+    def arrive(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> Arrival:
+        """A request joins the waiting queue: its prefetch is considered now, as SGLang does when it
+        queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit)."""
+        arr, n_pages = self._check_prompt(prompt)
+        out = as_token_array(output, self.config.sglang_version)
+        if out.size == 0:
+            raise InputError("a request generates at least one token.")
+        ps = self.config.page_size
         result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
-        tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+        arrival = Arrival(arr, out, n_pages, self.keys_for(arr, extra_key, cache_salt), result, decode_passes=int(out.size))
+        with self.lock:
+            self._queue_prefetch(arrival, 0)
+        return arrival
+
+    def _queue_prefetch(self, arrival: Arrival, pass_no: int) -> None:
+        if self.l3 is None:
+            return
+        tree_keys, storage_keys = arrival.keys
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        _, pos, anchor = self.tree.local_match(tree_keys[:cap])
+        arrival.matched_pages = pos
+        if pos >= cap:
+            return
+        info = arrival.result.prefetch
+        arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info)
+        if arrival.prefetch is not None and anchor is not None:
+            # The anchor's host copy is pinned until admission (SGLang's protect_host): host
+            # eviction then cannot shorten the match the prefetched pages attach to.
+            self.tree.pin_host([anchor], 1)
+            arrival.anchor = anchor
+        arrival.rate_limited = info.rate_limited and pol.retries_rate_limited(self.config.sglang_version)
+        info.rate_limited = False
+        arrival.parked_at = pass_no
+
+    def retry_prefetch(self, arrival: Arrival, pass_no: int) -> bool:
+        """0.5.23 re-issues a parked prefetch of a request still waiting; True when it went out."""
+        arrival.retries += 1
+        with self.lock:
+            self._queue_prefetch(arrival, pass_no)
+        return arrival.prefetch is not None
+
+    def requery_after_match_loss(self, arrival: Arrival, pass_no: int) -> bool:
+        """0.5.23: a waiting request whose local match shrank since its prefetch was considered
+        (other requests' allocations evicted its pages) re-issues its prefetch from the shorter
+        match instead of being admitted on this pass, within the retry budget. True: re-issued."""
+        version = self.config.sglang_version
+        if self.l3 is None or not pol.retries_rate_limited(version) or arrival.retries >= pol.RETRY_MAX_ATTEMPTS:
+            return False
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        with self.lock:
+            _, now, _ = self.tree.local_match(arrival.keys[0][:cap])
+            if now >= arrival.matched_pages:
+                return False
+            hold, arrival.prefetch = arrival.prefetch, None
+            if hold is not None:
+                self.in_flight_tokens -= hold.requested_tokens
+                self.host.give_many(hold.host_pages)
+            if arrival.anchor is not None:
+                self.tree.pin_host([arrival.anchor], -1)
+                arrival.anchor = None
+            arrival.retries += 1
+            self._queue_prefetch(arrival, pass_no)
+        return True
+
+    def _output_pages(self, arrival: Arrival) -> int:
+        return -(-int(arrival.output.size) // self.config.page_size) + 1
+
+    def admission_pages(self, arrival: Arrival) -> int:
+        """Device pages the request takes out of the free and evictable ones when admitted: its
+        prompt past what running requests already lock, and its output (SGLang reserves the
+        decode's tokens at admission)."""
+        ps = self.config.page_size
+        shared = self.tree.locked_prefix_pages(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
+        return arrival.n_pages - shared + self._output_pages(arrival)
+
+    def can_admit(self, arrival: Arrival) -> bool:
+        """Room next to what running requests hold and the output they have yet to write."""
+        room = self.device.capacity - self.tree.protected_pages - self.reserved_pages
+        return self.admission_pages(arrival) <= room
+
+    def admit(self, arrival: Arrival) -> None:
+        """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
+        until `finish`."""
+        with self.lock:
+            _, arrival.held, _ = self._prefill(arrival.prompt, arrival.n_pages, None, None, False, False, arrival)
+            self.reserved_pages += self._output_pages(arrival)
+
+    def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
+        with self.lock:
+            self.reserved_pages -= self._output_pages(arrival)
+            try:
+                self._finish(
+                    np.concatenate([arrival.prompt, arrival.output[:-1]]), arrival.keys, extra_key, cache_salt,
+                    arrival.result,
+                )
+            finally:
+                self.tree.unlock(arrival.held)
+                arrival.held = []
+
+    def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys, force_backup, arrival: Arrival | None = None):
+        """The prompt half of a request; returns the result, the deepest nodes it locked, and the
+        prompt's (tree, L3) page keys. With an `arrival`, its prefetch was issued when it queued
+        and lands now; otherwise the prefetch is issued and landed here."""
+        ps, tree = self.config.page_size, self.tree
+        t0 = time.perf_counter()
+        self._last_backup_bytes = self._last_l3_bytes = 0
+        self._request_device_evicted = self._request_host_evicted = 0
+        if arrival is None:
+            result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
+            tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+        else:
+            result = arrival.result
+            tree_keys, storage_keys = arrival.keys
         if with_keys:
             result.page_keys = storage_keys
         timings = result.timings_ms
         timings["hash"] = (time.perf_counter() - t0) * 1e3
 
-        matched = self.tree.match(tree_keys)
-        d = 0  # (on_device / on_host, inlined: these run once per matched page)
-        while d < len(matched) and matched[d].device_page >= 0:
+        cap = pol.match_cap_pages(int(arr.size), ps)
+        path = tree.match(tree_keys[:cap])
+        d = 0
+        while d < len(path) and path[d].device is not None:
             d += 1
         h = d
-        while h < len(matched) and matched[h].backed_up and matched[h].host_page >= 0:
+        while h < len(path) and path[h].host is not None:
             h += 1
-        self._emit(
-            "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=matched[:d], host_nodes=matched[d:h],
-            extra_key=extra_key, cache_salt=cache_salt,
-        )
-        path: list[PageNode] = matched[:h]
-        for node in path:
-            node.lock_ref += 1
+        path = path[:h]
+        device_nodes, host_nodes = path[:d], path[d:]
+        device_pages = sum(len(n.keys) for n in device_nodes)
+        host_pages = sum(len(n.keys) for n in host_nodes)
+        if self._observer is not None:
+            self._emit(
+                "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=page_views(device_nodes),
+                host_nodes=page_views(host_nodes), extra_key=extra_key, cache_salt=cache_salt,
+            )
+        held: list[Node] = []
+        if path:
+            tree.lock([path[-1]])
+            held.append(path[-1])
         try:
-            result.device_hit = d * ps
-            # L2 -> L1: a host hit shorter than the threshold is recomputed, not loaded.
-            host_nodes = path[d:h]
-            if host_nodes:
+            result.device_hit = device_pages * ps
+            pos = device_pages + host_pages
+            fetched: list[Node] = []
+            anchor = path[-1] if path else tree.root
+            if arrival is not None:
+                if arrival.anchor is not None:
+                    tree.pin_host([arrival.anchor], -1)
+                    arrival.anchor = None
+                hold, arrival.prefetch = arrival.prefetch, None
+                if hold is not None:
+                    if hold.pos != pos:  # the match moved while it queued: the pages do not attach here
+                        self.in_flight_tokens -= hold.requested_tokens
+                        self.host.give_many(hold.host_pages)
+                        result.prefetch.reason = "the local match changed while the request queued"
+                    else:
+                        fetched = self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
+            elif self.l3 is not None and pos < cap:
                 t = time.perf_counter()
-                self._to_device(host_nodes, result, load=len(host_nodes) * ps >= cfg.load_back_threshold)
-                timings["load_back"] = (time.perf_counter() - t) * 1e3
-
-            pos = h
-            if self.l3 is not None and pos < n_pages:
-                t = time.perf_counter()
-                fetched = self._prefetch(path[-1] if path else None, tree_keys, storage_keys, pos, result)
+                fetched = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result)
                 timings["prefetch"] = (time.perf_counter() - t) * 1e3
-                for node in fetched:
-                    node.lock_ref += 1
-                path.extend(fetched)
-                pos += len(fetched)
+            if fetched:
+                tree.lock([fetched[-1]])
+                held.append(fetched[-1])
+            fetched_pages = sum(len(n.keys) for n in fetched)
 
-            # Compute the rest: the page-aligned remainder goes into the tree; trailing tokens don't.
+            # L2 -> L1, all or nothing: a host hit shorter than the threshold is recomputed.
+            on_device = list(device_nodes)
+            to_load = host_nodes + fetched
+            if to_load:
+                t = time.perf_counter()
+                if self._load_back(to_load, result):
+                    result.host_hit = host_pages * ps
+                    result.storage_hit = fetched_pages * ps
+                    on_device += to_load
+                timings["load_back"] = (time.perf_counter() - t) * 1e3
+            pos = sum(len(n.keys) for n in on_device)
+
+            # Compute the rest (host pages not loaded back included): every whole page of the
+            # prompt joins the tree; trailing tokens don't.
             t = time.perf_counter()
-            parent = path[-1] if path else None
-            new_nodes = []
+            counted = list(on_device)
+            walked: list[Node] = []
             if pos < n_pages:
                 pages = self._alloc_device(n_pages - pos)
                 self.plane.compute(pages, storage_keys[pos:n_pages])
                 self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
-                # get_or_add + set_device + pin per page, in one loop; touch() below re-stamps them.
-                new_nodes, unused = self.tree.insert_on_device(tree_keys, storage_keys, pos, pages, parent)
-                self.device.give_many(unused)  # none: the tree did not match these pages
-                path.extend(new_nodes)
-            result.computed += (n_pages - pos) * ps + result.trailing_tokens
+                anchor = on_device[-1] if on_device else tree.root
+                walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, pos, pages)
+                self.device.give_many(unused)
+                counted += resident
+                if walked:
+                    tree.lock([walked[-1]])
+                    held.append(walked[-1])
+            result.computed = (n_pages - pos) * ps + result.trailing_tokens
             timings["compute"] = (time.perf_counter() - t) * 1e3
 
-            # Hits and the write policy.
             t = time.perf_counter()
-            for node in path:
-                node.hit_count += 1
-            self.tree.touch(path)
-            due = []
-            if force_backup:
-                due = [n for n in path if not n.backed_up]
-            elif self._write_threshold is not None:
-                due = [n for n in path if not n.backed_up and n.hit_count >= self._write_threshold]
-            self._emit(
-                "write_policy", policy=cfg.write_policy, threshold=self._write_threshold, path=path, due=due,
-            )
-            if due:
-                result.backed_up_pages = self._backup_to_host(due)
-            if self.l3 is not None:
-                # Pages backed up earlier whose L3 write has not happened yet (e.g. L3 was down).
-                self._backup_to_l3(path, recheck=force_backup)
-            result.stored_pages = sum([n.stored for n in path])
+            result.backed_up_pages = self._count_hits_and_back_up(counted, on_device + walked, force_backup)
+            if force_backup and self.l3 is not None:
+                for node in on_device + walked:
+                    self._backup_to_l3(node, 0)  # re-put what is missing (the write skips present objects)
+            result.stored_pages = sum(min(n.stored, len(n.keys)) for n in on_device + walked)
             timings["backup"] = (time.perf_counter() - t) * 1e3
-        finally:
-            for node in path:
-                node.lock_ref -= 1
+        except BaseException:
+            tree.unlock(held)
+            raise
 
         result.bytes_backed_up_to_host = self._last_backup_bytes
         result.bytes_written_to_l3 = self._last_l3_bytes
+        result.device_evicted_pages = self._request_device_evicted
+        result.host_evicted_pages = self._request_host_evicted
         timings["total"] = (time.perf_counter() - t0) * 1e3
         s = self.stats
         s.requests += 1
@@ -437,72 +676,136 @@ class TieredCache:
         s.storage_hit += result.storage_hit
         s.computed += result.computed
         s.mismatched_pages += result.mismatched_pages
-        return result
+        return result, held, (tree_keys, storage_keys)
 
-    def _to_device(self, nodes: list[PageNode], result: PrefillResult, *, load: bool) -> None:
-        """Give host-resident nodes device pages: loaded back and verified, or recomputed."""
-        # A load in flight pins its host pages: the device eviction below may back pages up
-        # (write_back), and the host eviction that makes room must not take these nodes.
-        for node in nodes:
-            node.host_ref += 1
-        try:
-            pages = self._alloc_device(len(nodes))
-        finally:
-            for node in nodes:
-                node.host_ref -= 1
-        self._emit(
-            "load_back", load=load, nodes=nodes, device_pages=pages, tokens=len(nodes) * self.config.page_size,
-            threshold=self.config.load_back_threshold,
-        )
-        if load:
-            moved, bad = self.plane.load([n.host_page for n in nodes], pages, [n.storage_key for n in nodes])
-            self.stats.bytes_h2d += moved
-            result.bytes_loaded_from_host += moved
-            result.mismatched_pages += bad
-            result.host_hit += len(nodes) * self.config.page_size
+    def _count_hits_and_back_up(self, counted: list[Node], nodes: list[Node], force: bool) -> int:
+        """An insert counts a hit on each node it passes on the device (root to leaf order in
+        `counted`); nodes reaching the policy's threshold are backed up (docs/controller.md#write-policies)."""
+        threshold = self._write_threshold
+        if threshold is not None:
+            for node in counted:
+                node.hit_count += 1
+        if force:
+            due = [n for n in nodes if n.host is None]
+        elif threshold is None:
+            due = []
         else:
-            self.plane.compute(pages, [n.storage_key for n in nodes])
-            result.computed += len(nodes) * self.config.page_size
-        self.tree.set_device_many(nodes, pages)
+            due = [n for n in counted if n.host is None and n.hit_count >= threshold]
+        if self._observer is not None:
+            self._emit(
+                "write_policy", policy=self.config.write_policy, threshold=threshold, path=page_views(nodes),
+                due=page_views(due),
+            )
+        if not due:
+            return 0
+        if force:
+            return sum(self._backup_node(n) for n in due)
+        return self._backup_due(due)
 
-    def _prefetch(self, anchor, tree_keys, storage_keys, pos, result) -> list[PageNode]:
-        """L3 -> L2 -> L1 for the unmatched suffix; returns the new (device-resident) nodes."""
-        nodes = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, result)
-        if not nodes:
-            return []
+    def _finish(self, tokens: np.ndarray, prompt_keys, extra_key, cache_salt, result: PrefillResult) -> None:
+        """The finish insert: prompt + output but the last token, whole pages."""
+        ps, tree = self.config.page_size, self.tree
+        n_pages = tokens.size // ps
+        prompt_pages = len(prompt_keys[0])
+        evicted_before = (self._request_device_evicted, self._request_host_evicted)
+        tree_keys, storage_keys = self.keys_for(tokens, extra_key, cache_salt, known=prompt_keys)
+        path, covered = tree.full_nodes(tree_keys[:n_pages])
+        new_pages = n_pages - covered
+        pages = self._alloc_device(new_pages) if new_pages > 0 else []
+        if pages:
+            self.plane.compute(pages, storage_keys[covered:n_pages])
+        tree.touch(path)  # the insert walks from the root: ancestors first, so leaves stay newest
+        anchor = path[-1] if path else tree.root
+        walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, covered, pages)
+        self.device.give_many(unused)
+        # 0.5.14 counts every node this insert passes on the device again; 0.5.23 only the nodes
+        # past what the request inserted already.
+        passed = [n for n in path if n.device is not None] + resident
+        counted = passed if self._counts_every_insert else [n for n in passed if n.depth + len(n.keys) > prompt_pages]
+        result.output_pages = max(new_pages, 0)
+        result.backed_up_pages += self._count_hits_and_back_up(counted, path + walked, False)
+        result.device_evicted_pages += self._request_device_evicted - evicted_before[0]
+        result.host_evicted_pages += self._request_host_evicted - evicted_before[1]
+
+    def _load_back(self, nodes: list[Node], result: PrefillResult) -> bool:
+        """Load host-resident nodes to the device at once (docs/controller.md#load-back); False when
+        below the threshold or when the device cannot hold them even after eviction."""
+        cfg = self.config
+        tokens = sum(len(n.keys) for n in nodes) * cfg.page_size
+        pages = None
+        if tokens >= cfg.load_back_threshold:
+            pages = self._try_alloc_device(tokens // cfg.page_size)
+        if self._observer is not None:
+            self._emit(
+                "load_back", load=pages is not None, nodes=page_views(nodes), device_pages=pages or [],
+                tokens=tokens, threshold=cfg.load_back_threshold,
+            )
+        if pages is None:
+            return False
+        host = [p for n in nodes for p in n.host]
+        keys = [k for n in nodes for k in n.storage_keys]
+        moved, bad = self.plane.load(host, pages, keys)
+        self.stats.bytes_h2d += moved
+        result.bytes_loaded_from_host += moved
+        result.mismatched_pages += bad
+        i = 0
         for node in nodes:
-            node.host_ref += 1
-        try:
-            before = result.host_hit
-            self._to_device(nodes, result, load=len(nodes) * self.config.page_size >= self.config.load_back_threshold)
-            # Those pages are storage hits, not host hits, in the breakdown.
-            result.storage_hit += result.host_hit - before
-            result.host_hit = before
-        finally:
-            for node in nodes:
-                node.host_ref -= 1
-        return nodes
+            self.tree.set_device(node, pages[i : i + len(node.keys)])
+            i += len(node.keys)
+        return True
 
-    def _fetch_to_host(self, anchor, tree_keys, storage_keys, pos, result) -> list[PageNode]:
-        """L3 -> L2: query, apply threshold/revocation/stop policy, read and insert host nodes."""
-        cfg, ps = self.config, self.config.page_size
-        info = result.prefetch
-        n_pages = len(tree_keys)
-        info.considered_tokens = (n_pages - pos) * ps
+    # -- L3 -> L2: docs/controller.md#prefetch-threshold-and-revocation, #prefetch-host-allocation --
+
+    def _fetch_to_host(self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result) -> list[Node]:
+        """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
+        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch)
+        if hold is None:
+            return []
+        return self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
+
+    def _issue_prefetch(self, storage_keys, pos: int, end: int, info: PrefetchInfo) -> _Prefetch | None:
+        """Consider pages pos..end as SGLang does when it queues a request: threshold, in-flight
+        limit, host allocation and storage query per version; the read starts. None: not issued
+        (`info.reason` says why, naming the rule and version)."""
+        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        info.considered_tokens = info.requested_tokens = (end - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
-        capacity = pol.prefetch_capacity_tokens(self.host.capacity * ps, cfg.device_pages * ps)
+        info.reason = ""
+        threshold_pages = -(-info.threshold // ps)
+        limit = pol.prefetch_limit_tokens(version, self.host.capacity * ps, cfg.device_pages * ps)
         if info.considered_tokens < info.threshold:
             info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
         elif not cfg.enable_l2:
             info.reason = "no host pool: L3 reads stage through L2"
-        self._emit("prefetch_decision", info=info, first_page=pos, capacity_tokens=capacity, host_free_pages=self.host.free)
+        elif self.in_flight_tokens >= limit:
+            info.reason = pol.rate_limited_verdict(version, self.in_flight_tokens, limit)
+            info.rate_limited = True
+            self.stats.prefetches_rate_limited += 1
+        self._emit(
+            "prefetch_decision", info=info, first_page=pos, capacity_tokens=limit,
+            capacity_rule=pol.prefetch_limit_rule(version), host_free_pages=self.host.free,
+        )
         if info.reason:
-            return []
-        info.rank_hits = self.l3.contiguous_hits(storage_keys[pos:])
-        self._emit("storage_query", info=info, storage_keys=storage_keys[pos:], schemes=self.l3.schemes)
+            return None
+        host_pages: list[int] | None = None
+        span = end - pos
+        if not pol.allocates_host_at_hit(version):
+            # 0.5.14 takes host pages for the whole span when it issues (evicting host nodes).
+            host_pages = self._alloc_host(span, at_least=threshold_pages)
+            if host_pages is None:
+                info.reason = (
+                    f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
+                    "(0.5.14 allocates the requested span when it issues)"
+                )
+                return None
+            span = len(host_pages)
+        info.rank_hits = self.l3.contiguous_hits(storage_keys[pos : pos + span])
+        self._emit("storage_query", info=info, storage_keys=storage_keys[pos : pos + span], schemes=self.l3.schemes)
         hit = min(info.rank_hits) if info.rank_hits else 0
         info.hit_pages = hit
         if hit * ps < info.threshold:
+            if host_pages:
+                self.host.give_many(host_pages)
             if hit:
                 self.stats.prefetches_revoked += 1
             info.reason = (
@@ -510,30 +813,45 @@ class TieredCache:
                 if hit
                 else "no page of the suffix is in L3"
             )
-            return []
-        host_pages = self._alloc_host(hit)
+            return None
         if host_pages is None:
-            info.reason = f"the host pool cannot hold {hit} prefetched pages"
-            return []
+            # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
+            host_pages = self._alloc_host(hit, at_least=threshold_pages)
+            if host_pages is None:
+                info.reason = (
+                    f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "
+                    f"(0.5.23 parks the prefetch for a retry)"
+                )
+                return None
+        else:
+            self.host.give_many(host_pages[hit:])
+        host_pages = host_pages[:hit]
+        hit = len(host_pages)
+        info.allocated_pages = hit
         info.issued = True
         self.stats.prefetches_issued += 1
+        self.in_flight_tokens += info.requested_tokens
         outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
         self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
         self.stats.bytes_l3_read += outcome.nbytes
+        return _Prefetch(pos, info.requested_tokens, host_pages, outcome)
+
+    def _land_prefetch(self, hold: _Prefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
+        """The request's admission ends its prefetch: the stop policy decides how many pages count,
+        they join the tree as host nodes below `anchor`, and the request leaves the in-flight count."""
+        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        info, outcome, host_pages, pos = result.prefetch, hold.outcome, hold.host_pages, hold.pos
+        self.in_flight_tokens -= hold.requested_tokens
+        hit = len(host_pages)
         result.bytes_read_from_l3 += outcome.nbytes
-        info.budget_s = cfg.timeout_budget.seconds(hit * ps, cfg.sglang_version)
-        info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s)
-        ok, done_at, deadline = outcome.ok[:hit], outcome.done_at[:hit], info.deadline_s
-        total = sum(done_at)
-        if len(ok) == len(done_at) == hit and all(ok) and total == total and max(done_at, default=0) <= deadline:
-            done = hit  # every page arrived, in time (and no NaN): the loop below in one step
-        else:
-            done = 0
-            while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
-                done += 1
+        info.budget_s = cfg.timeout_budget.seconds(version, requested_tokens=info.requested_tokens, hit_tokens=hit * ps)
+        info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
+        done, deadline = 0, info.deadline_s
+        while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
+            done += 1
         info.elapsed_s = max(outcome.done_at) if outcome.done_at else 0.0
-        info.timeout_would_cut = info.elapsed_s > max(cfg.admission_s, info.budget_s)
+        info.timeout_would_cut = info.elapsed_s > pol.stop_deadline("timeout", info.budget_s, cfg.admission_s, version)
         info.completed_pages = done
         if done < hit:
             info.reason = (
@@ -546,10 +864,12 @@ class TieredCache:
         info.mismatched_pages = len(verified) - sum(map(bool, verified))
         result.mismatched_pages += info.mismatched_pages
         self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
-        # get_or_add + set_host + stored per page, in one loop; touch() offers the leaves.
-        nodes = self.tree.insert_on_host(tree_keys, storage_keys, pos, host_pages[:done], anchor)
-        self.tree.touch(nodes)
-        self._emit("insert", nodes=nodes)
+        if not done:
+            return []
+        nodes, unused = self.tree.insert_host(anchor, tree_keys, storage_keys, pos, host_pages[:done])
+        self.host.give_many(unused)
+        if self._observer is not None:
+            self._emit("insert", nodes=page_views(nodes))
         return nodes
 
     def prefetch(
@@ -578,21 +898,34 @@ class TieredCache:
                 self._observer = None
 
     def _prefetch_only(self, arr, extra_key, cache_salt) -> PrefillResult:
-        ps = self.config.page_size
+        ps, tree = self.config.page_size, self.tree
         n_pages = arr.size // ps
+        self._request_device_evicted = self._request_host_evicted = 0
         result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
         tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
-        matched = self.tree.match(tree_keys)
-        self._emit(
-            "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=[n for n in matched if n.on_device],
-            host_nodes=[n for n in matched if not n.on_device], extra_key=extra_key, cache_salt=cache_salt,
-        )
-        result.device_hit = sum(ps for n in matched if n.on_device)
-        result.host_hit = sum(ps for n in matched if not n.on_device)
+        cap = pol.match_cap_pages(int(arr.size), ps)
+        path = tree.match(tree_keys[:cap])
+        on_device = [n for n in path if n.device is not None]
+        off_device = [n for n in path if n.device is None]
+        if self._observer is not None:
+            self._emit(
+                "match", tree_keys=tree_keys, storage_keys=storage_keys, device_nodes=page_views(on_device),
+                host_nodes=page_views(off_device), extra_key=extra_key, cache_salt=cache_salt,
+            )
+        result.device_hit = sum(len(n.keys) for n in on_device) * ps
+        result.host_hit = sum(len(n.keys) for n in off_device) * ps
+        held = [path[-1]] if path else []
+        tree.lock(held)
         t = time.perf_counter()
-        nodes = self._fetch_to_host(matched[-1] if matched else None, tree_keys, storage_keys, len(matched), result)
+        try:
+            pos = sum(len(n.keys) for n in path)
+            anchor = path[-1] if path else tree.root
+            nodes = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result) if pos < cap else []
+        finally:
+            tree.unlock(held)
         result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3
-        result.storage_hit = len(nodes) * ps
+        result.storage_hit = sum(len(n.keys) for n in nodes) * ps
+        result.host_evicted_pages = self._request_host_evicted
         self.stats.storage_hit += result.storage_hit
         self.stats.mismatched_pages += result.mismatched_pages
         return result
@@ -602,20 +935,20 @@ class TieredCache:
     def flush(self) -> None:
         """Drop L1 and L2 (like SGLang's /flush_cache); L3 is untouched."""
         with self.lock:
-            self.tree.clear()
+            self.tree = RadixTree(self.config.sglang_version, self.config.eviction_policy)
             self.device.reset()
             self.host.reset()
 
     def occupancy(self) -> dict:
-        on_device = sum(1 for n in self.tree.nodes.values() if n.on_device)
-        on_host = sum(1 for n in self.tree.nodes.values() if n.on_host)
+        nodes = self.tree.all_nodes()
         return {
-            "tree_pages": len(self.tree),
+            "tree_nodes": len(nodes),
+            "tree_pages": sum(len(n.keys) for n in nodes),
             "device_pages_used": self.device.used,
             "device_pages": self.device.capacity,
             "host_pages_used": self.host.used,
             "host_pages": self.host.capacity,
-            "pages_on_device": on_device,
-            "pages_on_host": on_host,
-            "pages_stored": sum(1 for n in self.tree.nodes.values() if n.stored),
+            "pages_on_device": sum(len(n.keys) for n in nodes if n.device is not None),
+            "pages_on_host": sum(len(n.keys) for n in nodes if n.host is not None),
+            "pages_stored": sum(min(n.stored, len(n.keys)) for n in nodes),
         }

@@ -91,22 +91,17 @@ class MemoryL3:
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
         # SGLang asks in batches of policy.STORAGE_BATCH_PAGES and stops at the first short batch,
         # which ends the count at the same page as one pass: the leading pages whose objects all
-        # exist. One pass, each scheme's key parts built once (this runs for every page queried).
+        # exist. Every object is looked up in one C-level pass (this runs for every page queried).
         hits = []
-        objects = self.objects
+        contains = self.objects.__contains__
         for scheme in self.schemes:
             prefix, suffixes = scheme.prefix, scheme.suffixes
-            count = 0
-            for key in storage_keys:
-                head = prefix + key
-                for suffix in suffixes:
-                    if head + suffix not in objects:
-                        break
-                else:
-                    count += 1
-                    continue
-                break
-            hits.append(count)
+            wanted = [prefix + key + suffix for key in storage_keys for suffix in suffixes]
+            present = list(map(contains, wanted))
+            try:
+                hits.append(present.index(False) // len(suffixes))
+            except ValueError:
+                hits.append(len(storage_keys))
         return hits
 
     def write(self, storage_keys, host_pages) -> tuple[list[bool], WriteOutcome]:

@@ -1,32 +1,38 @@
-"""One radix tree over token prefixes, at page granularity, shared by every tier.
+"""A radix tree over token prefixes like SGLang's: a node is a run of whole pages, shared by every tier.
 
-A node is one page. Its identity is the chained page hash of the whole prefix up to it (seeded with
-the request namespace, so tenants never share tree nodes even where 0.5.14 shares L3 keys), which
-makes a tree lookup a dict lookup per page. Each node records where its KV lives: a device page
-(L1), a host page (L2, valid once the copy is acknowledged: `backed_up`), and whether its objects
-were written to L3 (`stored`). Eviction is per tier, leaf-only, least recently used, as in SGLang:
-a node leaves the device only when no child is on the device, and leaves the tree only when it is
-on no tier and has no children.
+A node holds consecutive pages of a prompt (their tree keys, L3 keys, and device and host page
+indices). It is split where two prompts diverge (a match or an insert that stops inside it) and
+otherwise lives and leaves a tier whole, as SGLang's radix nodes do (docs/controller.md#device-eviction).
+A node's page keys are chained hashes of the whole prefix (seeded with the request namespace), so
+two runs that agree on a page agree on every page before it: a child is found by its first page
+key, and a run matches up to the first page where the keys differ.
+
+Tier state per node: `device` (L1 page indices, or None once evicted), `host` (L2 page indices,
+set once the copy is acknowledged, or None) and `stored` (how many leading pages were written to
+L3). Eviction candidates are kept as SGLang keeps them: device leaves (on device, unlocked, no
+child on device) and host leaves (off device, backed up, unlocked, no pinned transfer, and by
+version no backed-up child (0.5.14) or no child at all (0.5.23); docs/controller.md#host-eviction).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
+
+from ..sglang.versions import V0_5_14
 
 
-class PageNode:
+class Node:
     __slots__ = (
-        "key",
-        "storage_key",
-        "parent",
+        "id",
+        "keys",
+        "storage_keys",
         "depth",
+        "parent",
         "children",
-        "device_page",
-        "host_page",
-        "backed_up",
+        "device",
+        "host",
         "stored",
         "hit_count",
         "last_access",
@@ -36,454 +42,475 @@ class PageNode:
         "host_children",
     )
 
-    def __init__(self, key: str, storage_key: str, parent: PageNode | None, depth: int):
-        self.key = key
-        self.storage_key = storage_key  # the L3 page key (version-specific)
+    def __init__(self, node_id: int, keys: list[str], storage_keys: list[str], depth: int, parent: Node | None):
+        self.id = node_id
+        self.keys = keys
+        self.storage_keys = storage_keys
+        self.depth = depth  # page index of the node's first page within its prompt
         self.parent = parent
-        self.depth = depth  # page index within its prompt
-        self.children = 0
-        self.device_page = -1
-        self.host_page = -1
-        self.backed_up = False  # host copy written and acknowledged
-        self.stored = False  # L3 objects written and acknowledged
+        self.children: dict[str, Node] = {}
+        self.device: list[int] | None = None
+        self.host: list[int] | None = None
+        self.stored = 0  # leading pages whose L3 objects were written and acknowledged
         self.hit_count = 0
         self.last_access = 0
-        self.lock_ref = 0  # device pins (a request in flight)
-        self.host_ref = 0  # host pins (a prefetch or load in flight)
+        self.lock_ref = 0  # running requests holding the node on the device
+        self.host_ref = 0  # transfers in flight reading the node's host pages
         self.device_children = 0
         self.host_children = 0
 
-    @property
-    def on_device(self) -> bool:
-        return self.device_page >= 0
-
-    @property
-    def on_host(self) -> bool:
-        return self.host_page >= 0 and self.backed_up
-
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"PageNode({self.key[:8]}, dev={self.device_page}, host={self.host_page}, hits={self.hit_count})"
+        return (
+            f"Node({self.id}, pages={len(self.keys)}, depth={self.depth}, device={self.device is not None}, "
+            f"host={self.host is not None}, hits={self.hit_count})"
+        )
 
 
-class _LeafQueue:
-    """Eviction candidates (last_access, seq, node), popped smallest first, as from one heap.
+class PageView:
+    """One page of a node, for observers (trace) that reason page by page."""
 
-    Stamps come from a monotone clock, so almost every entry is pushed at or above the newest
-    one queued: those go to a FIFO in O(1). The few pushed below it (a parent that becomes a
-    leaf when its child leaves, a pinned entry put back) go to a heap. The smaller of the two
-    heads is the minimum, so entries come out in exactly the order a single heap gives.
-    """
+    __slots__ = ("node", "index")
 
-    __slots__ = ("fifo", "heap")
+    def __init__(self, node: Node, index: int):
+        self.node = node
+        self.index = index
 
-    def __init__(self) -> None:
-        self.fifo: deque[tuple[int, int, PageNode]] = deque()
-        self.heap: list[tuple[int, int, PageNode]] = []
+    @property
+    def key(self) -> str:
+        return self.node.keys[self.index]
 
-    def __len__(self) -> int:
-        return len(self.fifo) + len(self.heap)
+    @property
+    def storage_key(self) -> str:
+        return self.node.storage_keys[self.index]
 
-    def push(self, entry: tuple[int, int, PageNode]) -> None:
-        fifo = self.fifo
-        if not fifo or entry > fifo[-1]:
-            fifo.append(entry)
+    @property
+    def depth(self) -> int:
+        return self.node.depth + self.index
+
+    @property
+    def device_page(self) -> int:
+        return self.node.device[self.index] if self.node.device is not None else -1
+
+    @property
+    def host_page(self) -> int:
+        return self.node.host[self.index] if self.node.host is not None else -1
+
+    @property
+    def backed_up(self) -> bool:
+        return self.node.host is not None
+
+    @property
+    def stored(self) -> bool:
+        return self.index < self.node.stored
+
+    @property
+    def hit_count(self) -> int:
+        return self.node.hit_count
+
+
+def page_views(nodes: list[Node]) -> list[PageView]:
+    return [PageView(node, i) for node in nodes for i in range(len(node.keys))]
+
+
+def _common_pages(run: list[str], keys: list[str], start: int) -> int:
+    """Leading pages of `run` equal to keys[start:]. Chained keys agree on a prefix and differ after
+    it, so the boundary is found by bisection."""
+    n = min(len(run), len(keys) - start)
+    if n and run[n - 1] == keys[start + n - 1]:
+        return n
+    lo, hi = 0, n  # run[:lo] matches; run[hi - 1] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run[mid - 1] == keys[start + mid - 1]:
+            lo = mid
         else:
-            heappush(self.heap, entry)
-
-    def pop(self) -> tuple[int, int, PageNode]:
-        heap = self.heap
-        if heap:
-            fifo = self.fifo
-            if not fifo or heap[0] < fifo[0]:
-                return heappop(heap)
-            return fifo.popleft()
-        return self.fifo.popleft()
-
-    def clear(self) -> None:
-        self.fifo.clear()
-        self.heap.clear()
+            hi = mid
+    return lo
 
 
-class PageTree:
-    def __init__(self) -> None:
-        self.nodes: dict[str, PageNode] = {}
+EVICTION_PRIORITY: dict[str, Callable[[Node], tuple]] = {
+    # docs/controller.md#eviction-policies; the node id breaks ties the same way every run.
+    "lru": lambda node: (node.last_access, node.id),
+    "lfu": lambda node: (node.hit_count, node.last_access, node.id),
+}
+
+
+class RadixTree:
+    def __init__(self, version: str, eviction_policy: str = "lru"):
+        self.version = version
+        self.priority = EVICTION_PRIORITY[eviction_policy]
+        self._ids = itertools.count(1)
         self._clock = itertools.count(1)
-        self._seq = itertools.count()
-        self._device_heap = _LeafQueue()
-        self._host_heap = _LeafQueue()
+        self.root = Node(0, [], [], 0, None)
+        self.root.device = []
+        self.root.host = []
+        self.root.lock_ref = 1  # never evicted
+        self.device_leaves: set[Node] = set()
+        self.host_leaves: set[Node] = set()
+        # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
+        self.duplicates: dict[int, Node] = {}
+        # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
+        self.protected_pages = 0
+        self._childless_host_leaves = self.version != V0_5_14
 
-    def __len__(self) -> int:
-        return len(self.nodes)
+    # -- bookkeeping ----------------------------------------------------------------------------
 
-    # -- lookup ---------------------------------------------------------------------------------
-
-    def match(self, keys: list[str]) -> list[PageNode]:
-        """The nodes of the longest prefix of `keys` present in the tree."""
-        out = []
-        nodes = self.nodes
-        for key in keys:
-            node = nodes.get(key)
-            if node is None:
-                break
-            out.append(node)
-        return out
-
-    def touch(self, nodes: list[PageNode]) -> None:
-        """Stamp a matched path, newest at the leaf: a cold history then drains from its tail."""
-        base = next(self._clock)
-        seq = self._seq
-        device_push, host_push = self._device_heap.push, self._host_heap.push
-        for access, node in enumerate(nodes, base):
-            node.last_access = access
-            # _offer, inlined: this loop runs once per page of every request.
-            if node.device_page >= 0 and node.device_children == 0:
-                device_push((access, next(seq), node))
-            if node.host_page >= 0 and node.host_children == 0:
-                host_push((access, next(seq), node))
-        self._clock = itertools.count(base + len(nodes) + 1)
-
-    # -- insertion ------------------------------------------------------------------------------
-
-    def add(self, key: str, storage_key: str, parent: PageNode | None, depth: int) -> PageNode:
-        node = PageNode(key, storage_key, parent, depth)
-        node.last_access = next(self._clock)
-        self.nodes[key] = node
-        if parent is not None:
-            parent.children += 1
-        return node
-
-    def get_or_add(self, key: str, storage_key: str, parent: PageNode | None, depth: int) -> PageNode:
-        node = self.nodes.get(key)
-        if node is not None:
-            return node
-        # add(), inlined: this runs once per computed or fetched page.
-        node = PageNode(key, storage_key, parent, depth)
-        node.last_access = next(self._clock)
-        self.nodes[key] = node
-        if parent is not None:
-            parent.children += 1
-        return node
-
-    def insert_on_device(
-        self, tree_keys: list[str], storage_keys: list[str], start: int, pages: list[int], parent: PageNode | None
-    ) -> tuple[list[PageNode], list[int]]:
-        """Pages start, start+1, ... of a prompt: get_or_add each, give it the next device page
-        (set_device with offer=False) and pin it (lock_ref + 1), in one loop.
-
-        The caller must re-stamp the nodes with touch() before any eviction (the prefill's compute
-        step). Returns (the nodes, the device pages not used because a node already had one).
-        """
-        nodes, clock = self.nodes, self._clock
-        out: list[PageNode] = []
-        unused: list[int] = []
-        for i, page in enumerate(pages, start):
-            key = tree_keys[i]
-            node = nodes.get(key)
-            if node is None:  # add(), inlined
-                node = PageNode(key, storage_keys[i], parent, i)
-                node.last_access = next(clock)
-                nodes[key] = node
-                if parent is not None:
-                    parent.children += 1
-            if node.device_page >= 0:
-                unused.append(page)
-            else:
-                if node.parent is not None:
-                    node.parent.device_children += 1
-                node.device_page = page
-            node.lock_ref += 1
-            out.append(node)
-            parent = node
-        return out, unused
-
-    def insert_on_host(
-        self, tree_keys: list[str], storage_keys: list[str], start: int, pages: list[int], parent: PageNode | None
-    ) -> list[PageNode]:
-        """Pages start, start+1, ... of a prompt read from L3: get_or_add each, give it the next
-        host page (set_host with offer=False) and mark it stored, in one loop. The caller offers
-        them with touch() before any eviction."""
-        nodes, clock = self.nodes, self._clock
-        out: list[PageNode] = []
-        for i, page in enumerate(pages, start):
-            key = tree_keys[i]
-            node = nodes.get(key)
-            if node is None:
-                node = PageNode(key, storage_keys[i], parent, i)
-                node.last_access = next(clock)
-                nodes[key] = node
-                if parent is not None:
-                    parent.children += 1
-            if node.host_page < 0 and node.parent is not None:
-                node.parent.host_children += 1
-            node.host_page = page
-            node.backed_up = True
-            node.stored = True
-            out.append(node)
-            parent = node
-        return out
-
-    # -- tier state changes keep the parents' child counts right ---------------------------------
-
-    # (_offer is inlined below where it runs once per page: device entry first, then host.)
-
-    def set_device(self, node: PageNode, page: int, *, offer: bool = True) -> None:
-        """`offer=False` when the node is pinned until `touch` re-stamps it with no eviction in
-        between: the entry offered here could then never be popped as a live leaf."""
-        parent = node.parent
-        if node.device_page < 0 and parent is not None:
-            parent.device_children += 1
-        node.device_page = page
-        if not offer:
+    def _refresh(self, node: Node) -> None:
+        """Put `node` in or out of the eviction candidate sets after a change to it or its children."""
+        if node is self.root:
             return
-        if page >= 0 and node.device_children == 0:
-            self._device_heap.push((node.last_access, next(self._seq), node))
-        if node.host_page >= 0 and node.host_children == 0:
-            self._host_heap.push((node.last_access, next(self._seq), node))
+        if node.device is not None and not node.lock_ref and not node.device_children:
+            self.device_leaves.add(node)
+        else:
+            self.device_leaves.discard(node)
+        if (
+            node.device is None
+            and node.host is not None
+            and not node.lock_ref
+            and not node.host_ref
+            and not (node.children if self._childless_host_leaves else node.host_children)
+        ):
+            self.host_leaves.add(node)
+        else:
+            self.host_leaves.discard(node)
 
-    def set_device_many(self, nodes: list[PageNode], pages: list[int]) -> None:
-        """set_device(node, page) for each pair, in order, in one loop."""
-        device_push, host_push, seq = self._device_heap.push, self._host_heap.push, self._seq
-        for node, page in zip(nodes, pages):
-            parent = node.parent
-            if node.device_page < 0 and parent is not None:
-                parent.device_children += 1
-            node.device_page = page
-            if page >= 0 and node.device_children == 0:
-                device_push((node.last_access, next(seq), node))
-            if node.host_page >= 0 and node.host_children == 0:
-                host_push((node.last_access, next(seq), node))
-
-    def clear_device(self, node: PageNode) -> int:
-        page = node.device_page
-        node.device_page = -1
-        parent = node.parent
-        if parent is not None:
-            parent.device_children -= 1
-            self._offer(parent)
-        if node.host_page >= 0 and node.host_children == 0:
-            self._host_heap.push((node.last_access, next(self._seq), node))
-        return page
-
-    def set_host(self, node: PageNode, page: int, *, offer: bool = True) -> None:
-        """`offer=False` when the caller offers the nodes itself once a batch is in (`offer_all`)."""
-        if node.host_page < 0 and node.parent is not None:
-            node.parent.host_children += 1
-        node.host_page = page
-        node.backed_up = True
-        if offer:
-            self._offer(node)
-
-    def offer_all(self, nodes: list[PageNode]) -> None:
-        """Offer the leaves of a batch set with `offer=False`, in one pass.
-
-        Equivalent to offering each node as it was set: a node that stopped being a host leaf
-        within the batch can be popped live again only after a child leaves the host, and that
-        offers it anew with the same stamp, so its earlier entry would only duplicate the new one
-        (the host eviction treats duplicates alike). Device leafness does not change in a host
-        batch, so every device entry is offered as before.
-        """
-        device_push, host_push, seq = self._device_heap.push, self._host_heap.push, self._seq
+    def touch(self, nodes: list[Node]) -> None:
+        """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
+        clock = self._clock
         for node in nodes:
-            if node.device_page >= 0 and node.device_children == 0:
-                device_push((node.last_access, next(seq), node))
-            if node.host_page >= 0 and node.host_children == 0:
-                host_push((node.last_access, next(seq), node))
+            node.last_access = next(clock)
 
-    def clear_host(self, node: PageNode) -> int:
-        page = node.host_page
-        node.host_page = -1
-        node.backed_up = False
-        if node.parent is not None:
-            node.parent.host_children -= 1
-            self._offer(node.parent)
-        return page
+    def lock(self, nodes: list[Node]) -> None:
+        """Lock each node and its ancestors, as SGLang locks a request's path: a split above a
+        locked node then leaves both halves locked and unlocked together."""
+        root = self.root
+        for node in nodes:
+            while node is not root:
+                node.lock_ref += 1
+                if node.lock_ref == 1:
+                    if node.device is not None:
+                        self.protected_pages += len(node.keys)
+                    self._refresh(node)
+                node = node.parent
 
-    def remove_if_unused(self, node: PageNode) -> bool:
-        """Drop a node that lives on no tier and has no children."""
-        if node.device_page >= 0 or node.host_page >= 0 or node.children:
-            return False
-        del self.nodes[node.key]
+    def unlock(self, nodes: list[Node]) -> None:
+        root = self.root
+        for node in nodes:
+            while node is not root:
+                node.lock_ref -= 1
+                if node.lock_ref == 0:
+                    if node.device is not None:
+                        self.protected_pages -= len(node.keys)
+                    self._refresh(node)
+                node = node.parent
+
+    def pin_host(self, nodes: list[Node], delta: int) -> None:
+        for node in nodes:
+            node.host_ref += delta
+            self._refresh(node)
+
+    def set_device(self, node: Node, pages: list[int]) -> None:
+        node.device = pages
+        if node.lock_ref:
+            self.protected_pages += len(pages)
+        node.parent.device_children += 1
+        if node.host is not None:
+            self.duplicates[node.id] = node
+        self._refresh(node)
+        self._refresh(node.parent)
+
+    def set_host(self, node: Node, pages: list[int]) -> None:
+        """The host copy is acknowledged: the node is backed up."""
+        node.host = pages
+        node.parent.host_children += 1
+        if node.device is not None:
+            self.duplicates[node.id] = node
+        self._refresh(node)
+        self._refresh(node.parent)
+
+    def _drop_device(self, node: Node) -> list[int]:
+        pages, node.device = node.device, None
+        if node.lock_ref:
+            self.protected_pages -= len(pages)
+        node.parent.device_children -= 1
+        self.duplicates.pop(node.id, None)
+        self._refresh(node)
+        self._refresh(node.parent)
+        return pages
+
+    def _drop_host(self, node: Node) -> list[int]:
+        pages, node.host = node.host, None
+        node.parent.host_children -= 1
+        self.duplicates.pop(node.id, None)
+        self._refresh(node)
+        self._refresh(node.parent)
+        return pages
+
+    def _delete(self, node: Node) -> None:
+        """Remove a node on no tier and without children."""
         parent = node.parent
-        if parent is not None:
-            parent.children -= 1
-            # A device leaf is re-offered: the device eviction may have passed it over for having
-            # children. Its host leafness did not change (the removed node was not on host), and a
-            # live host leaf always has an entry already, so no host entry is offered.
-            if parent.device_page >= 0 and parent.device_children == 0:
-                self._device_heap.push((parent.last_access, next(self._seq), parent))
-        return True
+        del parent.children[node.keys[0]]
+        self.device_leaves.discard(node)
+        self.host_leaves.discard(node)
+        self.duplicates.pop(node.id, None)
+        self._refresh(parent)
 
-    # -- eviction candidates --------------------------------------------------------------------
+    # -- structure ------------------------------------------------------------------------------
 
-    def _offer(self, node: PageNode) -> None:
-        if node.device_page >= 0 and node.device_children == 0:
-            self._device_heap.push((node.last_access, next(self._seq), node))
-        if node.host_page >= 0 and node.host_children == 0:
-            self._host_heap.push((node.last_access, next(self._seq), node))
+    def _new_node(self, keys, storage_keys, depth, parent) -> Node:
+        node = Node(next(self._ids), keys, storage_keys, depth, parent)
+        parent.children[keys[0]] = node
+        return node
 
-    # -- eviction in one pass (the per-page hot path of the cache) ------------------------------
+    def split(self, node: Node, pages: int) -> Node:
+        """Cut `node` after `pages` pages; returns the new prefix node, parent of the rest.
+        Both halves keep the node's hit count, access stamp and request locks, as SGLang's split
+        does; a host pin stays with `node` (the pinned anchor is the deeper half)."""
+        parent = node.parent
+        head = Node(next(self._ids), node.keys[:pages], node.storage_keys[:pages], node.depth, parent)
+        head.hit_count, head.last_access = node.hit_count, node.last_access
+        head.lock_ref = node.lock_ref
+        if node.device is not None:
+            head.device, node.device = node.device[:pages], node.device[pages:]
+            head.device_children = 1
+            if node.host is not None:
+                self.duplicates[head.id] = head
+        if node.host is not None:
+            head.host, node.host = node.host[:pages], node.host[pages:]
+            head.host_children = 1
+        head.stored, node.stored = min(node.stored, pages), max(0, node.stored - pages)
+        parent.children[head.keys[0]] = head
+        node.keys, node.storage_keys = node.keys[pages:], node.storage_keys[pages:]
+        node.depth += pages
+        node.parent = head
+        head.children[node.keys[0]] = node
+        self._refresh(head)
+        return head
 
-    def evict_device(
-        self, n: int, freed: list[int], write_back: Callable[[PageNode], object] | None = None
-    ) -> int:
-        """Evict up to `n` unpinned device leaves, least recently used first.
+    def match(self, keys: list[str]) -> list[Node]:
+        """The nodes covering the longest prefix of `keys` in the tree, root excluded; a node the
+        match ends inside is split there. The path is stamped as accessed."""
+        path: list[Node] = []
+        node, pos, n = self.root, 0, len(keys)
+        while pos < n:
+            child = node.children.get(keys[pos])
+            if child is None:
+                break
+            common = _common_pages(child.keys, keys, pos)
+            if common < len(child.keys):
+                child = self.split(child, common)
+            path.append(child)
+            pos += common
+            node = child
+        self.touch(path)
+        return path
 
-        A leaf that is backed up leaves the device and keeps its host copy; one that is not is
-        dropped (it leaves the tree unless it has children), except that a leaf with children and
-        no host copy is passed over: its children still need it. `write_back(node)`, when given,
-        is called first for a leaf with no host copy (the write_back policy backs it up then).
-        The freed device pages are appended to `freed` in eviction order as they go (so a caller
-        gets them back even if `write_back` raises); returns how many of them were dropped. Each
-        eviction is clear_device() then remove_if_unused(), inlined for the hot path.
+    def insert_device(
+        self, anchor: Node, keys: list[str], storage_keys: list[str], start: int, pages: list[int]
+    ) -> tuple[list[Node], list[int], list[Node]]:
+        """Pages start.. of a prompt computed into device `pages`, inserted below `anchor`.
+
+        Walks existing nodes first (splitting where the run diverges): one without a device copy
+        takes the new pages (recomputed KV revives it); one on the device keeps its pages and the
+        new ones come back as duplicates. The rest becomes one new leaf.
+        Returns (the nodes walked and created, in order; the duplicate device pages; the nodes an
+        insert counts a hit on: those already on the device, and the new leaf).
         """
-        queue, nodes, seq = self._device_heap, self.nodes, self._seq
-        fifo, heap = queue.fifo, queue.heap
-        device_push = queue.push
+        walked: list[Node] = []
+        resident: list[Node] = []
+        unused: list[int] = []
+        node, i, n = anchor, 0, len(pages)
+        while i < n:
+            child = node.children.get(keys[start + i])
+            if child is None:
+                break
+            common = _common_pages(child.keys, keys, start + i)
+            if common < len(child.keys):
+                child = self.split(child, common)
+            if child.device is None:
+                self.set_device(child, pages[i : i + common])
+            else:
+                unused.extend(pages[i : i + common])
+                resident.append(child)
+            walked.append(child)
+            i += common
+            node = child
+        if i < n:
+            leaf = self._new_node(keys[start + i : start + n], storage_keys[start + i : start + n], start + i, node)
+            self.set_device(leaf, pages[i:])
+            walked.append(leaf)
+            resident.append(leaf)
+        self.touch(walked)
+        return walked, unused, resident
+
+    def insert_host(
+        self, anchor: Node, keys: list[str], storage_keys: list[str], start: int, pages: list[int]
+    ) -> tuple[list[Node], list[int]]:
+        """Pages start.. of a prompt read from L3 into host `pages`, inserted below `anchor` as
+        backed-up, stored nodes off the device. Pages already in the tree keep their copy and the
+        new host pages come back unused. Returns (the nodes walked and created, unused host pages)."""
+        walked: list[Node] = []
+        unused: list[int] = []
+        node, i, n = anchor, 0, len(pages)
+        while i < n:
+            child = node.children.get(keys[start + i])
+            if child is None:
+                break
+            common = _common_pages(child.keys, keys, start + i)
+            if common < len(child.keys):
+                child = self.split(child, common)
+            if child.host is None and child.device is None:
+                self.set_host(child, pages[i : i + common])
+                child.stored = len(child.keys)
+            else:
+                unused.extend(pages[i : i + common])
+            walked.append(child)
+            i += common
+            node = child
+        if i < n:
+            leaf = self._new_node(keys[start + i : start + n], storage_keys[start + i : start + n], start + i, node)
+            leaf.stored = n - i
+            self.set_host(leaf, pages[i:])
+            walked.append(leaf)
+        self.touch(walked)
+        return walked, unused
+
+    # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
+
+    def evict_device(self, pages: int, write_back: Callable[[Node], bool] | None, freed: list[int]) -> tuple[int, int]:
+        """Evict whole device leaves in policy order until `pages` pages are freed (or none is left).
+
+        A backed-up leaf keeps its host copy; one that is not is deleted, unless `write_back` is
+        given: it is then backed up first (write_back returns False when no host page can be had,
+        and the leaf stays). Freed device pages are appended to `freed` as they go.
+        Returns (nodes evicted, pages dropped from every tier).
+        """
+        priority = self.priority
+        heap = [(priority(node), node) for node in self.device_leaves]
+        heapify(heap)
+        start = len(freed)
         evicted = dropped = 0
-        skipped = []
-        # The entries the last eviction offered for its parent (clear_device's, and
-        # remove_if_unused's duplicate), held back instead of pushed: when the first is smaller
-        # than both heads it is exactly the entry the queue would pop next, so it is taken
-        # without a push and a pop; otherwise both go into the queue as usual.
-        pending: list[tuple[int, int, PageNode]] = []
-        try:
-            while True:
-                duplicate = None
-                if pending:
-                    first = pending[0]
-                    if (fifo and fifo[0] < first) or (heap and heap[0] < first):
-                        for held in pending:
-                            device_push(held)
-                        pending = []
-                        continue
-                    entry = first
-                    if len(pending) > 1:
-                        duplicate = pending[1]
-                    pending = []
-                elif fifo or heap:
-                    entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
-                else:
-                    break
-                node = entry[2]
-                if (
-                    entry[0] != node.last_access
-                    or node.device_page < 0
-                    or node.device_children
-                    or nodes.get(node.key) is not node
-                ):
-                    if duplicate is not None:
-                        device_push(duplicate)
-                    continue  # stale entry
-                if node.lock_ref:
-                    skipped.append(entry)
-                    if duplicate is not None:
-                        device_push(duplicate)
-                    continue
-                if write_back is not None and not node.backed_up:
-                    write_back(node)
-                if not node.backed_up and node.children:
-                    if duplicate is not None:
-                        device_push(duplicate)
+        while len(freed) - start < pages and heap:
+            _, node = heappop(heap)
+            if node.device is None or node.lock_ref or node.device_children:
+                continue  # changed since it was queued
+            if node.host is None and write_back is not None and not write_back(node):
+                continue
+            parent = node.parent
+            if node.host is None:
+                if node.children:
                     continue  # its children still need it in the tree, and it has no other copy
-                # The node leaves the device now: a held duplicate of its entry could only ever be
-                # popped stale (the node left the tree, or it is back on the device only through a
-                # load-back that offers it anew and pins it), so it is dropped.
-                #
-                # clear_device(), inlined. Its host offers are left out: leaving the device changes
-                # no node's host leafness, and a live host leaf always has an entry already (the
-                # host eviction treats duplicates alike), so they could only add duplicates.
-                freed.append(node.device_page)
-                node.device_page = -1
-                parent = node.parent
-                if parent is not None:
-                    parent.device_children -= 1
-                    if parent.device_page >= 0 and parent.device_children == 0:
-                        pending.append((parent.last_access, next(seq), parent))
-                if not node.backed_up:
-                    dropped += 1
-                    # remove_if_unused(), inlined
-                    if node.host_page < 0 and not node.children:
-                        del nodes[node.key]
-                        if parent is not None:
-                            parent.children -= 1
-                            if parent.device_page >= 0 and parent.device_children == 0:
-                                pending.append((parent.last_access, next(seq), parent))
-                evicted += 1
-                if evicted >= n:
-                    break
-        finally:
-            for held in pending:
-                device_push(held)
-            for entry in skipped:  # pinned now, evictable later
-                device_push(entry)
-        return dropped
+                freed.extend(self._drop_device(node))
+                dropped += len(node.keys)
+                self._delete(node)
+            else:
+                freed.extend(self._drop_device(node))
+            evicted += 1
+            if parent in self.device_leaves:
+                heappush(heap, (priority(parent), parent))
+        return evicted, dropped
 
-    def evict_host(self, n: int, pinned: set[int], freed: list[int]) -> int:
-        """Evict up to `n` host leaves, least recently used first, skipping nodes with a host pin
-        (`host_ref`) or whose id() is in `pinned`. A node on no tier afterwards leaves the tree.
-        Appends the freed host pages to `freed` in eviction order; returns how many were dropped.
-        Each eviction is clear_host() then remove_if_unused(), inlined for the hot path.
-        """
-        queue, nodes, seq = self._host_heap, self.nodes, self._seq
-        fifo, heap = queue.fifo, queue.heap
-        device_push, host_push = self._device_heap.push, queue.push
-        evicted = dropped = 0
-        skipped = []
-        held = None  # the parent's entry the last eviction offered, held back as in evict_device
-        try:
-            while True:
-                if held is not None:
-                    if (fifo and fifo[0] < held) or (heap and heap[0] < held):
-                        host_push(held)
-                        held = None
-                        continue
-                    entry, held = held, None
-                elif fifo or heap:
-                    entry = heappop(heap) if heap and (not fifo or heap[0] < fifo[0]) else fifo.popleft()
-                else:
-                    break
-                node = entry[2]
-                if (
-                    entry[0] != node.last_access
-                    or node.host_page < 0
-                    or node.host_children
-                    or nodes.get(node.key) is not node
-                ):
-                    continue  # stale entry
-                if node.host_ref or id(node) in pinned:
-                    skipped.append(entry)
+    def reclaim_host_duplicates(self, pages: int, freed: list[int]) -> int:
+        """0.5.23 write_back: free host copies of device-resident nodes, sparing first the device
+        leaves (about to move to host anyway), then taking them too. Returns nodes reclaimed."""
+        start, reclaimed = len(freed), 0
+        for spare_leaves in (True, False):
+            for node in list(self.duplicates.values()):
+                if len(freed) - start >= pages:
+                    return reclaimed
+                if node.host_ref or node.device is None or node.host is None:
                     continue
-                # clear_host(), inlined
-                freed.append(node.host_page)
-                node.host_page = -1
-                node.backed_up = False
-                parent = node.parent
-                if parent is not None:
-                    parent.host_children -= 1
-                    if parent.device_page >= 0 and parent.device_children == 0:
-                        device_push((parent.last_access, next(seq), parent))
-                    if parent.host_page >= 0 and parent.host_children == 0:
-                        held = (parent.last_access, next(seq), parent)
-                if node.device_page < 0:
-                    dropped += 1
-                    # remove_if_unused(), inlined (the node is on no tier now)
-                    if not node.children:
-                        del nodes[node.key]
-                        if parent is not None:
-                            parent.children -= 1
-                            if parent.device_page >= 0 and parent.device_children == 0:
-                                device_push((parent.last_access, next(seq), parent))
-                evicted += 1
-                if evicted >= n:
-                    break
-        finally:
-            if held is not None:
-                host_push(held)
-            for entry in skipped:  # pinned now, evictable later
-                host_push(entry)
-        return dropped
+                if spare_leaves and node in self.device_leaves:
+                    continue
+                freed.extend(self._drop_host(node))
+                reclaimed += 1
+        return reclaimed
 
-    def clear(self) -> None:
-        self.nodes.clear()
-        self._device_heap.clear()
-        self._host_heap.clear()
+    def evict_host(self, pages: int, freed: list[int]) -> tuple[int, int]:
+        """Evict host leaves (nodes already off the device) in policy order until `pages` pages are
+        freed; each leaves the tree. Returns (nodes evicted, pages dropped)."""
+        priority = self.priority
+        heap = [(priority(node), node) for node in self.host_leaves]
+        heapify(heap)
+        start = len(freed)
+        evicted = dropped = 0
+        while len(freed) - start < pages and heap:
+            _, node = heappop(heap)
+            if node not in self.host_leaves:
+                continue
+            parent = node.parent
+            freed.extend(self._drop_host(node))
+            dropped += len(node.keys)
+            self._delete(node)
+            evicted += 1
+            if parent in self.host_leaves:
+                heappush(heap, (priority(parent), parent))
+        return evicted, dropped
+
+    # -- whole-tree views -----------------------------------------------------------------------
+
+    def all_nodes(self) -> list[Node]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def full_nodes(self, keys: list[str]) -> tuple[list[Node], int]:
+        """The nodes wholly inside the longest prefix of `keys` in the tree, and their pages;
+        nothing is split or stamped."""
+        path, node, pos = [], self.root, 0
+        while pos < len(keys):
+            child = node.children.get(keys[pos])
+            if child is None or _common_pages(child.keys, keys, pos) < len(child.keys):
+                break
+            path.append(child)
+            pos += len(child.keys)
+            node = child
+        return path, pos
+
+    def local_match(self, keys: list[str]) -> tuple[int, int, Node | None]:
+        """(device pages, device + host pages, the node it ends in) a match of `keys` would find;
+        nothing is split or stamped."""
+        device = local = 0
+        node, on_device, last = self.root, True, None
+        while local < len(keys):
+            child = node.children.get(keys[local])
+            if child is None or (child.device is None and child.host is None):
+                break
+            common = _common_pages(child.keys, keys, local)
+            on_device = on_device and child.device is not None
+            if on_device:
+                device += common
+            local += common
+            last = child
+            if common < len(child.keys):
+                break
+            node = child
+        return device, local, last
+
+    def locked_prefix_pages(self, keys: list[str]) -> int:
+        """Pages of the longest prefix of `keys` already locked on the device by running requests
+        (locks cover a node's ancestors, so they form a prefix)."""
+        locked, node = 0, self.root
+        while locked < len(keys):
+            child = node.children.get(keys[locked])
+            if child is None or child.device is None or not child.lock_ref:
+                break
+            common = _common_pages(child.keys, keys, locked)
+            locked += common
+            if common < len(child.keys):
+                break
+            node = child
+        return locked
+
+    def pages_of(self, keys: list[str]) -> list[PageView]:
+        """One view per page of the longest prefix of `keys` in the tree."""
+        path, pos = self.full_nodes(keys)
+        views = page_views(path)
+        node = path[-1] if path else self.root
+        child = node.children.get(keys[pos]) if pos < len(keys) else None
+        if child is not None:
+            views += [PageView(child, i) for i in range(_common_pages(child.keys, keys, pos))]
+        return views

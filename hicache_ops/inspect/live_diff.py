@@ -217,6 +217,17 @@ def live_diff(
             if prefix != expected_prefix:
                 by_prefix[prefix] += 1
                 suffixes_by_prefix.setdefault(prefix, set()).update(suffixes)
+    # A prefix that is exactly what the other SGLang version names these pages with is a version
+    # mismatch (reported below as other_version), not a model-name or tag mismatch.
+    version_prefixes = {dep.schemes()[0].prefix for kind, _, dep, keys_alt, _ in alternates
+                        if kind == "other_version" and keys_alt == page_keys}
+    for prefix in version_prefixes:
+        by_prefix.pop(prefix, None)
+    # A 0.5.14 reader prefixes with the tag only: when 0.5.23 computes the same page keys, another
+    # prefix is a 0.5.23 writer's model prefix, which is a version mismatch first.
+    newer_same_keys = [dep for kind, _, dep, keys_alt, _ in alternates
+                       if kind == "other_version" and keys_alt == page_keys and dep.version != deployment.version
+                       and deployment.version == V0_5_14]
     runs = {p: _leading([expected_set <= index.get(k, {}).get(p, set()) for k in page_keys]) for p in by_prefix}
     for prefix in sorted(by_prefix, key=lambda p: (-runs[p], -by_prefix[p], p)):
         count, run = by_prefix[prefix], runs[prefix]
@@ -226,6 +237,21 @@ def live_diff(
         topology = dcp_topology(prefix)
         if topology is not None and deployment.dcp_size == 1:
             diff.diagnosis.append(_dcp_entry(prefix, topology, count, found, deployment, page_keys, index))
+        elif newer_same_keys:
+            newer = newer_same_keys[0].version
+            diff.diagnosis.append(
+                {
+                    "kind": "other_version",
+                    "sglang_version": newer,
+                    "prefix": prefix,
+                    "pages": count,
+                    "contiguous_pages": run,
+                    "message": f"{count} missing page(s) exist under the prefix {prefix!r}, the model prefix SGLang {newer} "
+                    f"adds and {deployment.version} never writes; contiguous {run}.",
+                    "hint": f"The writer ran SGLang {newer}: pass --sglang-version {newer} and its --model-name "
+                    f"(and --extra-backend-tag) so the prefix is {prefix!r}.",
+                }
+            )
             continue
         diff.diagnosis.append(
             {

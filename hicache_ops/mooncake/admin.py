@@ -48,6 +48,9 @@ class AdminClient:
     def __init__(self, address: str, *, timeout: float = DEFAULT_TIMEOUT, what: str = "--master"):
         self.host, self.port = parse_host_port(address, what=what)
         self.address = format_host_port(self.host, self.port)
+        if not 0 < timeout < float("inf"):
+            # 0 would make the socket non-blocking (BlockingIOError), a negative one is refused by Python.
+            raise InputError(f"--timeout {timeout:g} must be a number of seconds > 0.", hint="For example --timeout 3.")
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 

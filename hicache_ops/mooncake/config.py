@@ -1,4 +1,4 @@
-"""The Mooncake store config a deployment really uses, resolved the way SGLang resolves it (FACTS §5).
+"""The Mooncake store config a deployment really uses, resolved the way SGLang resolves it (docs/mooncake.md#config-resolution).
 
     cfg = resolve_store_config("0.5.23", extra_config={"master_server_address": "10.0.0.1:50051"})
     cfg.master_server_address, cfg.sources["protocol"]   # "rdma", "env-default:MOONCAKE_PROTOCOL"
@@ -371,7 +371,7 @@ def resolve_store_config(
 def check_metadata_server(value: str) -> str:
     """Accept P2PHANDSHAKE or an http(s):// URL; refuse strings that abort or hang a Mooncake client.
 
-    FACTS §7: "redis://..." ends the whole process (glog FATAL); "etcd://...", a bare HOST:PORT
+    docs/mooncake.md#client-setup: "redis://..." ends the whole process (glog FATAL); "etcd://...", a bare HOST:PORT
     (read as etcd) or a misspelt P2PHANDSHAKE hangs ~10 s in setup and then fails.
     """
     text = (value or "").strip()

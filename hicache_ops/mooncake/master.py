@@ -127,6 +127,7 @@ class EmbeddedMaster:
         self._env = dict(env) if env is not None else None
         self._binary = binary
         self._log_path = Path(log_path) if log_path is not None else None
+        self._temporary_log_dir: Path | None = None  # made by start(), removed by a clean stop()
         self.host = LOOPBACK
         self.rpc_port: int | None = None
         self.metrics_port: int | None = None
@@ -196,7 +197,8 @@ class EmbeddedMaster:
             if self.running:
                 return self
             if self._log_path is None:
-                self._log_path = Path(tempfile.mkdtemp(prefix="hicache-mooncake-master-")) / "mooncake_master.log"
+                self._temporary_log_dir = Path(tempfile.mkdtemp(prefix="hicache-mooncake-master-"))
+                self._log_path = self._temporary_log_dir / "mooncake_master.log"
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
             binary = self._binary or find_master_binary()
             if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
@@ -214,7 +216,9 @@ class EmbeddedMaster:
                     continue
                 except BaseException:
                     self._terminate()
+                    self._temporary_log_dir = None  # keep the log the error points to
                     raise
+            self._temporary_log_dir = None  # keep the log the error points to
             raise UnreachableError(
                 f"mooncake_master exited during start-up three times ({last_error}).",
                 hint=f"See its log: {self._log_path}",
@@ -277,9 +281,14 @@ class EmbeddedMaster:
             time.sleep(0.05)
 
     def stop(self, grace: float | None = None) -> int | None:
-        """SIGTERM by PID, SIGKILL after `grace` seconds; returns the exit code (None if never started)."""
+        """SIGTERM by PID, SIGKILL after `grace` seconds; returns the exit code (None if never started).
+        A log folder start() made is removed (a failed start keeps it: its error names the log)."""
         with self._lock:
-            return self._terminate(self.stop_grace if grace is None else grace)
+            code = self._terminate(self.stop_grace if grace is None else grace)
+            folder, self._temporary_log_dir = self._temporary_log_dir, None
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            return code
 
     def kill(self) -> int | None:
         """SIGKILL at once (tests: a master that dies under its clients)."""
@@ -303,6 +312,18 @@ class EmbeddedMaster:
             except ProcessLookupError:  # pragma: no cover - already reaped
                 pass
         return proc.returncode
+
+    def on_exit(self, callback) -> None:
+        """Reap the master the moment it exits (no zombie) and call `callback(returncode)` then,
+        from a daemon thread; a stop() of ours calls it too."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("the embedded master has not been started")
+
+        def wait() -> None:
+            callback(proc.wait())
+
+        threading.Thread(target=wait, name=f"reap-mooncake-master-{proc.pid}", daemon=True).start()
 
     def __enter__(self) -> "EmbeddedMaster":
         return self.start()

@@ -8,7 +8,7 @@
     got = owner.batch_get_into(keys, ptrs, sizes)                      # per key: bytes read or < 0
     client.remove_prefix("Qwen-Qwen3-0.6B_")                           # never outside a prefix
 
-Why the rules (FACTS §7):
+Why the rules (docs/mooncake.md#segments-and-ttl, #client-setup):
 - Objects live in the segment of the client that mounted them; a client that closes takes its
   objects with it. So exactly one long-lived process owns a segment (`segment_size > 0`) and
   short-lived commands mount none (`segment_size=0`, the default here).
@@ -149,6 +149,15 @@ def raise_for_codes(codes: Sequence[int], keys: Sequence[str], *, op: str, maste
             raise error_for(code, op=op, key=key, master=master)
 
 
+def check_fits_in_memory(nbytes: int, what: str) -> None:
+    """Mooncake allocates a segment whole at set-up; one larger than this machine's memory fails
+    there in a way that looks like an unreachable master, so refuse it first (InputError)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nbytes > total:
+        raise InputError(f"{what} needs {nbytes / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB of memory.",
+                         hint="Use a smaller size.")
+
+
 def ecma_escape(text: str) -> str:
     """Escape `text` for an ECMAScript regex (Mooncake's remove_by_regex) so it matches literally."""
     return "".join("\\" + ch if ch in "\\^$.|?*+()[]{}/" else ch for ch in text)
@@ -159,6 +168,7 @@ def ecma_escape(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _ENV_LOCK = threading.Lock()
+_ABANDONED: list = []  # Mooncake clients whose close would hang (see StoreClient.abandon)
 
 
 @contextmanager
@@ -190,6 +200,7 @@ class StoreClient:
         self.hostname = hostname
         self.metadata_server = metadata_server
         self._suspect = False  # an RPC failure was seen: check health before the next call
+        self._down_reason: str | None = None  # set by a watcher that saw the master die
         self._closed = False
         self._registered: dict[int, int] = {}
 
@@ -223,7 +234,7 @@ class StoreClient:
             raise InputError(f"segment size {segment_size} is negative.")
         tcp_probe(host, port, timeout=min(1.0, setup_timeout), what="Mooncake master RPC service")
         if metadata_server.lower().startswith("http") and is_loopback(local_hostname):
-            # Otherwise peers dial the first non-loopback address (FACTS §7).
+            # Otherwise peers dial the first non-loopback address (docs/mooncake.md#client-setup).
             os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
 
         from mooncake.store import MooncakeDistributedStore
@@ -301,6 +312,10 @@ class StoreClient:
     def _ready(self, op: str) -> None:
         if self._closed:
             raise StoreError(f"{op}: this store client is closed.")
+        if self._down_reason is not None:
+            raise RpcFailure(f"{op}: the Mooncake master at {self.master} is down ({self._down_reason}).",
+                             hint="Restart the master (or the serve); clients re-mount when it answers again.",
+                             rc=RPC_FAILED)
         if self._suspect:
             # Mooncake's health_check still says 0 right after the master died, and each call
             # spends ~4 s reconnecting: probe the RPC port ourselves (a refused port answers at once).
@@ -325,6 +340,11 @@ class StoreClient:
         for other in others:
             if len(other) != len(keys):
                 raise InputError(f"{op}: {len(keys)} keys but {len(other)} pointers/sizes; give one per key.")
+
+    def mark_down(self, reason: str | None) -> None:
+        """While `reason` is set every call fails at once with RpcFailure instead of spending
+        Mooncake's reconnect attempts (a watcher saw the master die); None clears it."""
+        self._down_reason = reason
 
     def health(self) -> int:
         """Mooncake's health_check: 0 healthy, 1 not initialised/closed, 2 master unreachable."""
@@ -517,6 +537,15 @@ class StoreClient:
             return
         self._closed = True
         self._store.close()
+
+    def abandon(self) -> None:
+        """Stop using this client without closing it: Mooncake's close against a dead master
+        takes ~15 s holding the GIL. The Mooncake object is kept referenced so no destructor
+        runs it later; the caller ends the process with os._exit."""
+        if self._closed:
+            return
+        self._closed = True
+        _ABANDONED.append(self._store)
 
     def __enter__(self) -> "StoreClient":
         return self

@@ -2,7 +2,9 @@
 
 Endpoints: POST /v1/prefill, POST /v1/prefetch, POST /flush_cache (L1 and L2, like SGLang),
 GET /v1/stats, GET /v1/layout, GET /metrics (Prometheus text), GET /health.
-Errors a client can cause come back as 4xx with {"error": {"code", "message", "hint"}}.
+Errors a client can cause come back as 4xx with {"error": {"code", "message", "hint"}}; an L3 that
+does not answer makes requests that need it 503, and /health 503 {"status": "degraded", "l3": "down"}
+(README, "serve API").
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class TraceRequest(BaseModel):
     extra_key: str | None = None
     cache_salt: str | None = None
     flush: bool = Field(False, description="Flush L1 and L2 first (to trace the L3 path).")
+    observe: bool = Field(False, description="Read only: observe the path without changing the cache (hicache_ops/trace/observe.py).")
 
 
 def _error(status: int, err: HicacheError) -> JSONResponse:
@@ -55,6 +58,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.exception_handler(HicacheError)
     async def _other(request: Request, err: HicacheError):
         # An L3 that stopped answering is the server's dependency failing, not the client's fault.
+        if err.exit_code == 3:
+            runtime.record_l3_error(err.message)
         return _error(503 if err.exit_code == 3 else 500, err)
 
     @app.exception_handler(RequestValidationError)
@@ -78,7 +83,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         """Run the write or read path of one prompt on this instance, step by step."""
         if kind not in ("write", "read"):
             raise InputError(f"trace kind {kind!r} is neither write nor read.")
-        return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush)
+        if req.observe and req.flush:
+            raise InputError("observe and flush contradict each other: a flush changes the cache.")
+        return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush, observe=req.observe)
 
     @app.post("/flush_cache")
     def flush_cache() -> dict:
@@ -98,7 +105,11 @@ def create_app(runtime: Runtime) -> FastAPI:
         return PlainTextResponse(runtime.metrics_text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok"}
+    def health() -> JSONResponse:
+        l3 = runtime.l3_state
+        if l3["state"] == "down":
+            body = {"status": "degraded", "l3": "down", "reason": l3["reason"], "since": l3["since"], "l3_errors": l3["errors"]}
+            return JSONResponse(status_code=503, content=body)
+        return JSONResponse({"status": "ok", "l3": l3["state"]})
 
     return app

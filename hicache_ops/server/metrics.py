@@ -47,6 +47,17 @@ class _Snapshot:
             family = CounterMetricFamily(name, help_)
             family.add_metric([], self._stats["stats"][field])
             yield family
+        l3 = self._stats["l3"]
+        if "errors" in l3:
+            up = GaugeMetricFamily("hicache_l3_up", "1 while the L3 master answers, 0 while it is down.")
+            up.add_metric([], 1 if l3["state"] == "up" else 0)
+            yield up
+            errors = CounterMetricFamily("hicache_l3_errors", "Requests that failed because L3 did not answer.")
+            errors.add_metric([], l3["errors"])
+            yield errors
+            probes = CounterMetricFamily("hicache_l3_failed_probes", "Health probes of the L3 master that got no answer.")
+            probes.add_metric([], l3["failed_probes"])
+            yield probes
         for field, (name, help_) in _GAUGES.items():
             family = GaugeMetricFamily(name, help_)
             family.add_metric([], self._stats["occupancy"][field])

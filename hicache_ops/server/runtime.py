@@ -7,6 +7,9 @@ included, whatever failed in between.
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -16,6 +19,55 @@ from ..mooncake.net import parse_host_port
 
 DEFAULT_PORT = 18080
 DEFAULT_SEGMENT_BYTES = 256 * 2**20
+
+
+def check_device(device: str, tp_size: int) -> str:
+    """--device: auto, cpu, cuda or cuda:N, and CUDA only where there is as much of it as asked."""
+    if device in ("auto", "cpu"):
+        return device
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise InputError(f"--device {device!r} is not auto, cpu, cuda or cuda:N.")
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wanted = tp_size if device == "cuda" else int(device[5:]) + 1
+    if available < wanted:
+        raise InputError(f"--device {device} needs {wanted} CUDA device(s) and this machine has {available}.",
+                         hint="Use --device cpu (or auto).")
+    return device
+
+
+def check_log_dir(log_dir: str | None) -> None:
+    if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise InputError(f"--log-dir {log_dir!r} is a file, not a folder.")
+
+
+def check_segment(segment_bytes: int) -> None:
+    from ..mooncake.store import check_fits_in_memory
+
+    if segment_bytes <= 0:
+        raise InputError(f"--segment-mb {segment_bytes // 2**20} must be > 0.")
+    check_fits_in_memory(segment_bytes, f"--segment-mb {segment_bytes // 2**20}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """That `host:port` can be bound now, with the reason when not (bad address, port in use)."""
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port} is not a TCP port (1-65535).")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError):
+        raise InputError(f"--host {host!r} is not an address or a name this machine can resolve.",
+                         hint="Use 127.0.0.1 (the default) or an address of this machine.") from None
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InputError(f"cannot listen on {host}:{port}: the port is in use.", hint="Pick another --port.") from None
+            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}.",
+                             hint="--host must be an address of this machine (127.0.0.1 by default).") from None
 
 
 @dataclass(frozen=True)
@@ -58,6 +110,7 @@ class Runtime:
     master: object | None = None
     store: object | None = None
     cache: object | None = None
+    l3_health: object | None = None
     started: dict = field(default_factory=dict)
 
     def start(self) -> Runtime:
@@ -78,24 +131,53 @@ class Runtime:
             rpc, metrics = self.master.rpc_address, self.master.metrics_address
         if self.l3.kind != "none":
             from ..mooncake.store import StoreClient
+            from .l3_health import L3Health
 
-            # This long-lived client owns the segment the objects live in (FACTS §7).
+            # This long-lived client owns the segment the objects live in (docs/mooncake.md).
             self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes)
+            store = self.store
+            self.l3_health = L3Health(metrics, on_change=lambda state, reason: store.mark_down(reason if state == "down" else None))
+            if self.master is not None:
+                master, health = self.master, self.l3_health
+                master.on_exit(lambda code: health.master_exited(master.pid, code, expected=self.master is None))
+            self.l3_health.start()
         self.cache = build_bytes(self.spec, self.store)
         if self.l3_latency_s and self.cache.l3 is not None:
             self.cache.l3.extra_latency_s = self.l3_latency_s
         self.started = {"rpc_address": rpc, "metrics_address": metrics}
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Take down what start() started. False when L3 was down and the store client was
+        abandoned rather than closed (docs/mooncake.md, "A master that dies under its clients"): the
+        process must then end with os._exit."""
+        health, self.l3_health = self.l3_health, None
+        if health is not None:
+            health.stop()
+        closed = True
         store, self.store = self.store, None
         if store is not None:
             try:
-                store.close()
+                if health is not None and health.down:
+                    store.abandon()
+                    closed = False
+                else:
+                    store.close()
             except Exception:  # closing is best effort; the master goes next anyway
                 pass
         master, self.master = self.master, None
         if master is not None:
             master.stop()
+        return closed
+
+    @property
+    def l3_state(self) -> dict:
+        if self.l3_health is None:
+            return {"state": "none" if self.l3.kind == "none" else "stopped"}
+        return self.l3_health.to_json()
+
+    def record_l3_error(self, message: str) -> None:
+        if self.l3_health is not None:
+            self.l3_health.record_error(message)
 
     # -- what the API reports -------------------------------------------------------------------
 
@@ -134,7 +216,7 @@ class Runtime:
 
         cache = self.cache
         with cache.lock:
-            return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats)}
+            return {"config": self.describe(), "occupancy": cache.occupancy(), "stats": asdict(cache.stats), "l3": self.l3_state}
 
     def layout_report(self) -> dict:
         from ..inspect.layout import inspect_layout
@@ -147,20 +229,24 @@ class Runtime:
             mooncake=self.store is not None,
         ).to_json()
 
-    def trace(self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False) -> dict:
-        """Trace the write or read path of a prompt on this instance (same shape as embedded runs)."""
+    def trace(self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False, observe: bool = False) -> dict:
+        """Trace the write or read path of a prompt on this instance (same shape as embedded runs);
+        `observe`: the read path looked at without changing the cache (trace/observe.py)."""
+        from ..trace.observe import observe_read, observe_write
         from ..trace.steps import trace_read, trace_write
         from ..trace.run import TraceRun, diagnosis_causes
 
         if flush:
             self.cache.flush()
-        run = TraceRun(kind, None, scenario={"serve": self.describe(), "flushed": flush})
+        run = TraceRun(kind, None, scenario={"serve": self.describe(), "flushed": flush, "read_only": observe})
         if kind == "write":
-            run.steps = trace_write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
+            write = observe_write if observe else trace_write
+            run.steps = write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
         else:
             metrics = self.started.get("metrics_address")
             diagnose = (lambda: diagnosis_causes(tokens, self.spec, metrics, extra_key, cache_salt)) if metrics else None
-            run.steps = trace_read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
+            read = observe_read if observe else trace_read
+            run.steps = read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
         return run.to_json()
 
     def metrics_text(self) -> str:

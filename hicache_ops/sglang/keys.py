@@ -188,16 +188,19 @@ def page_keys(
     extra_key: str | None = None,
     cache_salt: str | None = None,
     include_partial: bool = False,
+    prior: str | None = None,
 ) -> list[str]:
     """The page keys of a prompt.
 
     The storage path (the default) hashes whole pages only; `include_partial=True` also hashes
     the trailing partial page, as the radix tree does. The 0.5.23 chain starts from the
-    namespace seed of (extra_key, cache_salt); 0.5.14 ignores both.
+    namespace seed of (extra_key, cache_salt); 0.5.14 ignores both. `prior`, the key of the page
+    before `tokens`, continues a chain instead (the namespace is then already in it).
     """
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise InputError(f"page size {page_size!r} is not a positive integer.")
-    prior = namespace_seed(version, extra_key, cache_salt)
+    if prior is None:
+        prior = namespace_seed(version, extra_key, cache_salt)
     if _pagehash is not None and isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype.kind in "iu":
         # Hot path: the native loop validates as it packs (0..2**32-1); anything else, such as a
         # negative or wide id, raises OverflowError and takes the validating path below.
@@ -391,6 +394,11 @@ class Deployment:
     dcp_size: int = 1
     dcp_rank: int | None = None
     page_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--tp-size", self.tp_size), ("--pp-size", self.pp_size)):
+            if value < 1:
+                raise InputError(f"{flag} {value} must be >= 1 (a deployment has at least one rank).")
 
     def schemes(self) -> list[ObjectKeyScheme]:
         """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""

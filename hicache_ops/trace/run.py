@@ -54,6 +54,15 @@ class TraceRun:
         }
 
 
+def check_traceable(tokens: list[int], page_size: int) -> None:
+    """A prompt shorter than one page produces no page: there is no path to trace."""
+    if len(tokens) < page_size:
+        raise InputError(
+            f"the prompt has {len(tokens)} token(s), fewer than one page of {page_size}: it produces no page to write or read.",
+            hint=f"Give at least {page_size} tokens (whole pages only are stored).",
+        )
+
+
 def check_fault(kind: str, inject: str | None) -> None:
     if inject is None:
         return
@@ -103,6 +112,7 @@ def run_embedded(
     if kind not in ("write", "read"):
         raise InputError(f"trace kind {kind!r} is neither write nor read.")
     check_fault(kind, inject)
+    check_traceable(tokens, spec.page_size)
     run = TraceRun(kind, inject)
     writer_spec, reader_spec = spec, spec
     w_salt, r_tokens = cache_salt, tokens

@@ -4,7 +4,7 @@ The trace runs the real engine path (TieredCache.prefill) with an observer: each
 path becomes a step that says what it did, the state it changed, its time, and whether the
 invariant it checks holds (PASS/FAIL), checked at that moment against the reference bytes, the
 keys as SGLang computes them, and the Mooncake master. Reporting stops at the first failing step,
-which names the likely causes. Seed 001's three easy-to-confuse states — the backend exists, the
+which names the likely causes. Three states that are easy to confuse — the backend exists, the
 bytes moved, the prefix was reused — are separate steps here.
 """
 
@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..sglang import policy as pol
 from ..sglang.keys import hash_page, namespace_seed
 
 PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
@@ -213,7 +214,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
         else:
             t.add("L3", FAIL, "no page reached L3", causes=["the host backup did not happen (see the write policy step)"])
             return t.steps
-    _verify_on_master(t, cache, cache.tree.match(seen.get("tree_keys", [])))
+    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])))
     return t.steps
 
 
@@ -318,9 +319,12 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         if event == "match":
             d, h, n = len(data["device_nodes"]), len(data["host_nodes"]), len(data["tree_keys"])
             state["pages"] = n
-            detail = {"pages": n, "device_pages": d, "host_pages": h, "trailing_tokens": len(tokens) - n * ps}
-            if n and d == n:
-                t.add("local match", INFO, f"all {n} pages are on the device: served from L1, L3 is not consulted",
+            cap = pol.match_cap_pages(len(tokens), ps)
+            detail = {"pages": n, "device_pages": d, "host_pages": h, "trailing_tokens": len(tokens) - n * ps,
+                      "match_cap_pages": cap}
+            if cap and d == cap:
+                t.add("local match", INFO, f"all {cap} pages a match may cover (input length - 1) are on the device: "
+                      "served from L1, L3 is not consulted",
                       detail=detail, causes=["flush L1/L2 first (POST /flush_cache, or --flush) to trace the L3 path"])
                 raise _Stop()
             where = "none" if not d and not h else f"device {d}, host {h}"
@@ -333,12 +337,15 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             state["prefetch"] = True
             detail = {"considered_tokens": info.considered_tokens, "threshold": info.threshold,
                       "first_page": data["first_page"], "host_free_pages": data["host_free_pages"],
-                      "capacity_tokens": data["capacity_tokens"], "page_aligned": True}
+                      "capacity_tokens": data["capacity_tokens"], "capacity_rule": data["capacity_rule"],
+                      "page_aligned": True}
             if info.reason:
                 t.fail("prefetch decision", f"not issued: {info.reason}",
                        [f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {info.threshold} tokens",
                         "lower extra-config prefetch_threshold, or send a longer prompt"], detail=detail)
-            t.add("prefetch decision", PASS, f"{info.considered_tokens} page-aligned tokens to look up (threshold {info.threshold})",
+            t.add("prefetch decision", PASS, f"{info.considered_tokens} page-aligned tokens to look up (threshold {info.threshold}); "
+                  f"SGLang admits prefetches while fewer than {data['capacity_tokens']} requested tokens are in flight "
+                  f"({data['capacity_rule']})",
                   invariant="suffix >= max(prefetch_threshold, page_size)", detail=detail)
         elif event == "storage_query":
             info = data["info"]
@@ -390,10 +397,11 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                 t.fail("stop policy", f"{data['policy']} stopped waiting at {info.deadline_s:.3f}s: "
                        f"{info.completed_pages} of {info.hit_pages} pages arrived in time",
                        ["L3 reads slower than the budget (network, store load)",
-                        "best_effort takes only what arrived by admission; timeout waits up to "
-                        "prefetch_timeout_base + per_ki_token * tokens/1024", "wait_complete never cuts"], detail=detail)
+                        "best_effort takes only what arrived by admission; timeout waits up to its budget, "
+                        + pol.budget_rule(cfg.sglang_version), "wait_complete never cuts"], detail=detail)
             t.add("stop policy", PASS, f"{data['policy']}: all {info.hit_pages} pages arrived in {info.elapsed_s:.3f}s "
-                  f"(timeout budget {info.budget_s:.3f}s{', timeout would cut' if info.timeout_would_cut else ''})",
+                  f"(timeout budget {info.budget_s:.3f}s, {pol.budget_rule(cfg.sglang_version)}"
+                  f"{'; timeout would cut' if info.timeout_would_cut else ''})",
                   invariant="pages completed before the policy's deadline", detail=detail)
         elif event == "insert":
             nodes = data["nodes"]

@@ -1,4 +1,4 @@
-"""`hicache bench multiturn`: seed 002's mechanism at the published scale, the JSON shape, the two
+"""`hicache bench multiturn`: the published run's mechanism at the published scale, the JSON shape, the two
 modes agreeing, and bad input. The published-scale run happens once (module fixture)."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ def invoke(*args: str):
 
 
 def first_round_over(spec_pages: int, clients: int, turn: int, page: int, rounds: int) -> int | None:
-    """The first round whose clients' histories (prompt + answer, whole pages) exceed a pool."""
+    """The first round whose clients' histories (prompt + answer but its last token, whole pages)
+    exceed a pool."""
     for r in range(rounds):
-        if clients * ((r + 1) * turn // page) > spec_pages:
+        if clients * (((r + 1) * turn - 1) // page) > spec_pages:
             return r
     return None
 
@@ -50,17 +51,17 @@ def test_published_ceiling_is_facts_h_max(published):
         r = entry["round"]
         assert entry["ceiling"] == pytest.approx(4112 * r / (4096 * (r + 1) + 16 * r), abs=1e-12)
     by_round = {e["round"]: e["ceiling"] for e in published["rounds"]}
-    # Seed 002: "at round 5 that is 83.3%, at round 10 it is 90.9%, at round 55 it is 98.2%".
+    # The published run: "at round 5 that is 83.3%, at round 10 it is 90.9%, at round 55 it is 98.2%".
     assert by_round[5] == pytest.approx(0.833, abs=1e-3) and by_round[10] == pytest.approx(0.909, abs=1e-3)
     assert by_round[55] == pytest.approx(0.982, abs=1e-3)
-    assert published["prompt_tokens"] == 361_152_000  # seed 002's total
+    assert published["prompt_tokens"] == 361_152_000  # the published run's total
 
 
 def test_published_cliffs_where_the_pools_put_them(published):
     pools, rounds = published["pools"], published["rounds"]
     l1_cliff = first_round_over(pools["device_pages"], 48, 4112, 64, 60)
     l2_cliff = first_round_over(pools["host_pages"], 48, 4112, 64, 60)
-    assert (l1_cliff, l2_cliff) == (18, 36)  # seed 002: L1+L2 falls at twice the L1 round
+    assert (l1_cliff, l2_cliff) == (18, 36)  # the published run: L1+L2 falls at twice the L1 round
     cliffs = published["cliffs"]
     assert cliffs["l1"] == {"predicted": l1_cliff, "leaves_ceiling": l1_cliff, "zero_from": l1_cliff + 1}
     assert cliffs["l1_l2"] == {"predicted": l2_cliff, "leaves_ceiling": l2_cliff, "zero_from": l2_cliff + 1}
@@ -91,7 +92,7 @@ def test_published_prefilled_tokens(published):
     # the history's trailing partial page).
     assert prefilled["l1_l2_l3"] == prefilled["ceiling"]
     assert prefilled["l1"] > prefilled["l1_l2"] > prefilled["l1_l2_l3"]
-    # Seed 002 measured 330.3M and 11.9M with its simulation, 27.8x.
+    # The published run measured 330.3M and 11.9M with its simulation, 27.8x.
     assert prefilled["l1"] / 1e6 == pytest.approx(330.3, abs=0.1)
     assert prefilled["l1_l2_l3"] / 1e6 == pytest.approx(11.9, abs=0.1)
     assert prefilled["l1"] / prefilled["l1_l2_l3"] == pytest.approx(27.8, abs=0.1)
@@ -132,7 +133,7 @@ def test_small_run_renders_a_table():
 
 
 def test_ceiling_for_any_turn_shape():
-    # Inkling-Small in seed 002: 1,216 new and 64 output tokens, the last of 30 rounds: 96.8%.
+    # Inkling-Small in the published run: 1,216 new and 64 output tokens, the last of 30 rounds: 96.8%.
     spec = MultiturnSpec(new_tokens=1216, output_tokens=64, rounds=30, clients=64)
     assert spec.ceiling(29) == pytest.approx(37120 / 38336)
     assert round(100 * spec.ceiling(29), 1) == 96.8
@@ -216,7 +217,7 @@ def test_workload_histories_differ_and_are_seeded():
         (["--l1-rounds", "0"], "--l1-rounds"),
         (["--l1-tokens", "64"], "cannot hold"),
         (["--hicache-ratio", "1"], "--hicache-ratio"),
-        (["--hicache-write-policy", "write_sometimes"], "write policy"),
+        (["--hicache-write-policy", "write_sometimes"], "'write_sometimes'"),
         (["--seed", "-3"], "--seed"),
         (["--workers", "0"], "--workers"),
         (["--plot", "hit.svg"], ".png"),

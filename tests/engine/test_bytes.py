@@ -45,9 +45,9 @@ def test_corrupted_host_page_is_counted_on_load_back():
     a = np.arange(60)
     cache.prefill(a)
     cache.prefill(np.arange(10_000, 10_064))
-    node = cache.tree.match(cache.keys_for(a, None, None)[0])[3]
+    page = cache.tree.pages_of(cache.keys_for(a, None, None)[0])[3]
     bits = cache.plane.ranks[0].host.view(torch.int16)  # flip one bit of one K element
-    bits[0, node.host_page * 8, 0, 0, 0] ^= 1  # page_first: (2, tokens, L, H, D)
+    bits[0, page.host_page * 8, 0, 0, 0] ^= 1  # page_first: (2, tokens, L, H, D)
     r = cache.prefill(a)
     assert r.mismatched_pages == 1
 

@@ -231,3 +231,13 @@ def test_silent_master_is_exit_3_within_5s(fresh_mooncake_master, freeze_process
     assert time.monotonic() - start < 5.0
     assert result.exit_code == 3
     assert fresh_mooncake_master.metrics_address in json.loads(result.stdout)["error"]["message"]
+
+
+@pytest.mark.parametrize("model_name", [None, "org/model"])
+def test_a_0_5_14_reader_of_0_5_23_objects_is_a_version_mismatch(mooncake_master, writer, tokens, model_name):
+    writer(tokens, version="0.5.23", model_name="org/model")
+    extra = ["--model-name", model_name] if model_name else []
+    code, data = live(mooncake_master, tokens, "--sglang-version", "0.5.14", *extra)
+    assert code == 1
+    assert kinds(data)[0] == "other_version" and "other_prefix" not in kinds(data), data["diagnosis"]
+    assert "--sglang-version 0.5.23" in data["diagnosis"][0]["hint"]

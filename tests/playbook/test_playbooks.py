@@ -92,13 +92,60 @@ def test_unknown_playbook_and_missing_prompt_file():
 # --- no L3 hit across instances ------------------------------------------------------------------
 
 
-def test_no_l3_hit_healthy_then_served_locally(writer, reader_factory, tmp_path):
+def test_no_l3_hit_healthy_twice_and_served_locally(writer, reader_factory, tmp_path):
     reader = reader_factory()
     p = prompt(tmp_path, written_by=writer)
+    before = reader.client.stats()
     code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
     assert code == 0 and data["status"] == "pass", data
-    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)  # now it is local
+    again = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)  # observing changed nothing
+    assert again == (code, data)
+    after = reader.client.stats()
+    assert after["stats"] == before["stats"] and after["occupancy"] == before["occupancy"]
+    with ServeClient(reader.url) as client:
+        client.prefill(json.loads(open(p).read()))  # now it is local
+    code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
     assert code == 1 and finding(data) == "1. Served from L1/L2 first"
+
+
+def test_never_written_prompt_is_diagnosed_the_same_twice_and_stays_unwritten(writer, reader_factory, tmp_path):
+    reader = reader_factory()
+    p = prompt(tmp_path)
+    first = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
+    assert first[0] == 1 and finding(first[1]) == "9. Never written: DP routing or another instance holds it", first
+    assert run_book("no-l3-hit", "--serve", reader.url, "--prompt", p) == first
+    assert reader.client.stats()["stats"]["l3_objects_written"] == 0
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["no-l3-hit"], "--prompt"),
+        (["no-l3-hit", "--serve", "http://127.0.0.1:notaport", "--prompt", "{prompt}"], "--serve"),
+        (["no-l3-hit", "--serve", "http://127.0.0.1:1", "--prompt", "{malformed}"], "malformed.json"),
+        (["no-l3-hit", "--serve", "http://127.0.0.1:1", "--prompt", "{two_lines}"], "2 prompts"),
+        (["no-l3-hit", "--serve", "http://127.0.0.1:1", "--prompt", "{prompt}", "--timeout", "-1"], "--timeout"),
+        (["te-not-reused", "--server-args", "'x"], "--server-args"),
+        (["master-unreachable", "--master", "nohost:notaport"], "--master"),
+    ],
+)
+def test_bad_input_is_exit_2_before_any_check(tmp_path, args, fragment):
+    files = {"prompt": tmp_path / "p.json", "malformed": tmp_path / "malformed.json", "two_lines": tmp_path / "two.jsonl"}
+    files["prompt"].write_text(json.dumps(list(range(64))))
+    files["malformed"].write_text("[1, 2,")
+    files["two_lines"].write_text('{"input_ids": [1, 2]}\n{"input_ids": [3, 4]}\n')
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    code, data = run_book(*args)
+    assert code == 2, data
+    assert fragment in data["error"]["message"] and "checks" not in data
+
+
+def test_skipped_checks_name_real_options(writer, tmp_path):
+    code, data = run_book("no-l3-hit", "--master", writer.info["master_metrics_address"], "--prompt", prompt(tmp_path))
+    assert code == 2 and data["error"]["message"] == "playbook no-l3-hit: no check can run without --serve.", data
+    code, data = run_book("master-unreachable", "--master", writer.info["master_metrics_address"])
+    skipped = [c for c in data["checks"] if c["status"] == "skipped"]
+    assert code == 0 and skipped and all(c["note"] == "needs --config" for c in skipped), data
 
 
 @pytest.mark.parametrize(

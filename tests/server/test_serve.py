@@ -118,7 +118,9 @@ def test_two_instances_share_one_l3(serve, tmp_path):
     try:
         r = other.client.prefill(prompt)
         check_breakdown(r)
-        assert r["storage_hit"] == 160  # written by the first instance, verified byte for byte here
+        # Written by the first instance, verified byte for byte here; a match (and so a prefetch)
+        # stops at input length - 1, so the last of the 10 pages is computed.
+        assert r["storage_hit"] == 144
         assert other.info["master_pid"] is None  # it started no master of its own
     finally:
         assert other.stop() == 0
@@ -139,7 +141,7 @@ def test_stop_takes_down_the_master(tmp_path):
     "args, fragment",
     [
         (["--hicache-mem-layout", "page_head", "--preset", "tiny-mla"], "not supported for MLA"),
-        (["--hicache-write-policy", "write_sometimes"], "write policy"),
+        (["--hicache-write-policy", "write_sometimes"], "'write_sometimes'"),
         (["--l3", "redis://x"], "--l3"),
         (["--device-tokens", "100"], "whole number"),
         (["--preset", "llama-3.1-70b", "--device-tokens", "4000000", "--l3", "none"], "GiB of host memory"),

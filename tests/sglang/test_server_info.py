@@ -377,11 +377,11 @@ def test_silent_server_exits_3_within_the_timeout():
         listener.listen(4)
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         start = time.monotonic()
-        res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", url, "--sglang-timeout", "0.5"])
+        res = hicache(["inspect", "keys", "--tokens", "1,2", "--sglang-url", url, "--timeout", "0.5"])
         waited = time.monotonic() - start
     assert res.exit_code == 3, res.output
     assert "did not answer /server_info within 0.5 s" in res.stderr
-    assert waited < 30  # bounded by --sglang-timeout, not a hang
+    assert waited < 30  # bounded by --timeout, not a hang
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry
-from hicache_ops.sglang.host_pool import LAYOUTS, MLA_LAYOUTS, HostPoolLayout
+from hicache_ops.sglang.host_pool import LAYOUTS, MLA_HOST_BUFFERS, HostPoolLayout
 from hicache_ops.sglang.keys import page_keys
 from hicache_ops.sglang.rewrites import IO_BACKENDS, resolve_layout
 from sglang_0_5_14 import run_0_5_14
@@ -56,7 +56,7 @@ def pool_cases(draw_):
     if mla:
         case = dict(mla=True, layers=layers, kv_lora_rank=draw_(st.sampled_from([8, 16])),
                     qk_rope_head_dim=draw_(st.sampled_from([4, 8])), tp=1, tp_lcm=None,
-                    layout=draw_(st.sampled_from(MLA_LAYOUTS)))
+                    layout=draw_(st.sampled_from(sorted(MLA_HOST_BUFFERS))))
     else:
         kv_heads = draw_(st.sampled_from([1, 2, 4]))
         tp = draw_(st.sampled_from([t for t in (1, 2, 4) if t <= kv_heads or t % kv_heads == 0]))

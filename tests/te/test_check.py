@@ -340,7 +340,7 @@ def test_cli_config_file_and_extra_config(tmp_path):
     [
         (["--server-args", HICACHE + " '--tp-size"], {}, "not valid shell words"),
         (["--extra-config", "{nope"], {}, "not valid JSON"),
-        (["--sglang-version", "0.4.0"], {}, "not supported"),
+        (["--sglang-version", "0.4.0"], {}, "'0.4.0' is not one of"),
         (["--server-args", HICACHE + " --encoder-only --disaggregation-mode prefill"], {}, "contradicts"),
         (["--tcp"], {}, "only apply with --live"),
         (["--master", "127.0.0.1:1"], {}, "only apply with --live"),

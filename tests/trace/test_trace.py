@@ -93,7 +93,7 @@ def test_cli_step_mode_waits_for_enter():
         (["write", "--inject", "missing-v"], "applies to"),
         (["read", "--inject", "missing-v", "--serve", "http://127.0.0.1:1"], "embedded engine only"),
         (["read", "--flush"], "--flush applies to --serve"),
-        (["read", "--hicache-write-policy", "sometimes"], "write policy"),
+        (["read", "--hicache-write-policy", "sometimes"], "'sometimes' is not one of"),
     ],
 )
 def test_cli_bad_input_exits_2(args, fragment):
@@ -107,13 +107,42 @@ def test_against_a_running_serve(tmp_path):
     serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
     try:
         ids = ",".join(map(str, TOKENS))
-        write = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        observed = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
+        assert [json.loads(line)["name"] for line in observed.stdout.splitlines()] == ["write policy", "L3"]
+        assert serve.client.stats()["stats"]["requests"] == 0  # observed, not written
+        refused = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
+        assert refused.exit_code == 2 and "--allow-writes" in json.loads(refused.stdout)["error"]["message"]
+        write = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"])
         assert write.exit_code == 0, write.stdout
         local = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
         assert json.loads(local.stdout.splitlines()[0])["status"] == "INFO"  # served from L1
-        read = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--json"])
+        read = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--allow-writes", "--json"])
         assert read.exit_code == 0, read.stdout
         assert [json.loads(line)["name"] for line in read.stdout.splitlines()] == READ_STEPS
+    finally:
+        serve.stop()
+
+
+def test_read_only_trace_changes_nothing(tmp_path):
+    serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64")
+    try:
+        never_written = ",".join(str(t + 7) for t in TOKENS)
+        before = serve.client.stats()
+        runs = [hicache(["trace", "read", "--tokens", never_written, "--serve", serve.url, "--json"]) for _ in range(2)]
+        after = serve.client.stats()
+        steps = [[(s["name"], s["status"]) for s in map(json.loads, r.stdout.splitlines())] for r in runs]
+        assert steps[0] == steps[1] and steps[0][-1] == ("batch_exists", "FAIL"), steps  # the same diagnosis twice
+        assert after["stats"] == before["stats"] and after["occupancy"] == before["occupancy"]
+
+        ids = ",".join(map(str, TOKENS))
+        assert hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"]).exit_code == 0
+        serve.client.flush()
+        before = serve.client.stats()
+        run = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
+        names = [json.loads(line)["name"] for line in run.stdout.splitlines()]
+        assert run.exit_code == 0 and names == ["local match", "prefetch decision", "batch_exists", "batch_get_into", "stop policy", "verdict"]
+        after = serve.client.stats()
+        assert after["occupancy"] == before["occupancy"]  # the scratch pages were given back, nothing joined the tree
     finally:
         serve.stop()
 

@@ -85,14 +85,15 @@ def test_prefetch_figures_agree_with_serve_stats(serve, tmp_path):
     rows = json.loads(result.stdout)["prompts"]
     with ServeClient(serve.url) as client:
         after = client.stats()["stats"]
-    assert all(r["fetched_pages"] == 10 and r["verified"] for r in rows)
+    # 10 pages per prompt; SGLang prefetches up to input length - 1 (docs/controller.md#match-cap): 9.
+    assert all(r["fetched_pages"] == 9 and r["verified"] for r in rows)
     assert after["storage_hit"] - before["storage_hit"] == sum(r["fetched_pages"] * 16 for r in rows)
     assert after["bytes_l3_read"] - before["bytes_l3_read"] == sum(r["bytes"] for r in rows)
     assert set(rows[0]["policies"]) == {"best_effort", "wait_complete", "timeout"}
     assert rows[0]["policies"]["wait_complete"]["deadline_s"] is None
     # Now the pages are local: a second prefetch fetches nothing.
     result = hicache(["prefetch", prompts, "--serve", serve.url, "--json"])
-    assert all(r["local_tokens"] == 160 and r["fetched_pages"] == 0 for r in json.loads(result.stdout)["prompts"])
+    assert all(r["local_tokens"] == 144 and r["fetched_pages"] == 0 for r in json.loads(result.stdout)["prompts"])
 
 
 def test_warm_interrupted_by_killing_the_master_reports_and_a_rerun_completes(tmp_path):
@@ -136,7 +137,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         old = [k for k in admin.get_all_keys() if k.startswith("hicache-tiny_")]
     with StoreClient.connect(rpc) as store:
         original = {k: store.get(k) for k in old}
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc, "--json"])
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc, "--json"])
     assert result.exit_code == 0, result.stdout
     data = json.loads(result.stdout)
     assert data["copied"] == len(old) and data["verified"] == len(old) and data["removed"] == 0
@@ -144,7 +145,7 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         for key, value in original.items():
             assert store.get("renamed_" + key[len("hicache-tiny_"):]) == value  # byte for byte
     # Resumable: the second run finds the copies in place; --remove-old then drops the originals.
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--rpc", rpc,
+    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc,
                                  "--remove-old", "--json"])
     data = json.loads(result.stdout)
     assert data["already_there"] == len(old) and data["removed"] == len(old)
@@ -190,3 +191,19 @@ def test_existing_cluster_needs_synthetic(serve, tmp_path):
         assert code == 0 and data["summary"]["written"] == 1
     finally:
         other.stop()
+
+
+def test_prefetch_cut_to_zero_is_not_verified(tmp_path):
+    slow = Serve(tmp_path, "--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32",
+                 "--hicache-storage-prefetch-policy", "best_effort", "--inject-l3-latency-ms", "500")
+    try:
+        prompts = write_prompts(tmp_path / "cut.jsonl", 1, seed=8, length=160)
+        assert warm_json(prompts, "--serve", slow.url)[0] == 0
+        slow.client.flush()
+        result = hicache(["prefetch", prompts, "--serve", slow.url, "--json"])
+        row = json.loads(result.stdout)["prompts"][0]
+        assert row["hit_pages"] == 10 and row["fetched_pages"] == 0
+        assert row["bytes"] == 0 and not row["verified"] and "cut to zero" in row["reason"]
+        assert result.exit_code == 1
+    finally:
+        slow.stop()

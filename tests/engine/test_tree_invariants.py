@@ -1,0 +1,76 @@
+"""The radix tree's invariants hold after any sequence of requests, serial or concurrent, for
+every write policy and both versions: pools and tree agree page for page, a device node's parent
+is on the device, no node is on no tier, eviction candidates are exactly the leaves SGLang keeps,
+and nothing stays locked or pinned once the requests are done."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hicache_ops.engine.cache import CacheConfig, TieredCache
+from hicache_ops.engine.planes import AccountingPlane, MemoryL3
+from hicache_ops.engine.scheduler import run_wave
+from hicache_ops.sglang.keys import ObjectKeyScheme
+
+PS = 4
+
+
+def check_invariants(cache: TieredCache) -> None:
+    tree = cache.tree
+    nodes = tree.all_nodes()
+    assert sum(len(n.keys) for n in nodes if n.device is not None) == cache.device.used
+    assert sum(len(n.keys) for n in nodes if n.host is not None) == cache.host.used
+    device_pages = [p for n in nodes if n.device is not None for p in n.device]
+    host_pages = [p for n in nodes if n.host is not None for p in n.host]
+    assert len(set(device_pages)) == len(device_pages) and len(set(host_pages)) == len(host_pages)
+    for node in nodes:
+        assert node.device is not None or node.host is not None, "a node on no tier stays in the tree"
+        assert node.lock_ref == 0 and node.host_ref == 0
+        if node.device is not None and node.parent is not tree.root:
+            assert node.parent.device is not None, "device nodes form a prefix"
+        assert node.device_children == sum(c.device is not None for c in node.children.values())
+        assert node.host_children == sum(c.host is not None for c in node.children.values())
+        assert all(len(c.keys) > 0 and c.parent is node for c in node.children.values())
+        is_device_leaf = node.device is not None and not node.device_children
+        assert (node in tree.device_leaves) == is_device_leaf
+    assert tree.protected_pages == 0 and cache.in_flight_tokens == 0
+
+
+requests = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 40), st.integers(1, 6)),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests,
+    st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+    st.sampled_from(["0.5.14", "0.5.23"]),
+    st.sampled_from(["lru", "lfu"]),
+    st.booleans(),
+)
+def test_invariants_after_random_requests(reqs, write_policy, version, eviction, concurrent):
+    cfg = CacheConfig(
+        page_size=PS, device_pages=24, host_pages=40, prefetch_threshold=4, write_policy=write_policy,
+        sglang_version=version, eviction_policy=eviction,
+    )
+    cache = TieredCache(cfg, AccountingPlane(64), MemoryL3([ObjectKeyScheme(version)], 64))
+    # Conversations share prefixes: a request is a conversation's first `turn` turns plus a new tail.
+    base = np.arange(10_000, dtype=np.int64)
+    batch = []
+    for conversation, turn, tail, output in reqs:
+        prompt = np.concatenate([base[conversation * 1000 : conversation * 1000 + turn * 8], np.arange(tail) + 50_000])
+        batch.append((prompt[: 16 * PS], np.arange(output) + 60_000))
+    if concurrent:
+        results = run_wave(cache, batch)
+    else:
+        results = [cache.request(p, o) for p, o in batch]
+    for (prompt, _), r in zip(batch, results):
+        assert r.device_hit + r.host_hit + r.storage_hit + r.computed == len(prompt)
+    check_invariants(cache)
+    cache.flush()
+    assert cache.device.used == cache.host.used == 0
