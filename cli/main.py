@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from . import bench, inspect, playbook, prefetch, serve, trace, warm
+from . import bench, inspect, lab, playbook, prefetch, serve, trace, warm
 from . import tap as tap_command
 from . import te as te_command
 from .output import DEBUG_ENV, stderr
@@ -28,6 +28,7 @@ app.command("warm")(warm.warm)
 app.command("prefetch")(prefetch.prefetch)
 app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
+app.add_typer(lab.app, name="lab")
 
 
 def run() -> None:
