@@ -24,12 +24,12 @@ HostOption = Annotated[
 
 def _table(data: dict) -> None:
     """Plain aligned columns (a Rich table would squeeze them on an 80-column pipe)."""
-    header = ("host", "namespace", "address", "process", "pid", "URL", "advertises", "faults")
+    header = ("host", "namespace", "address", "process", "pid", "URL", "segment", "faults")
     lines = [header]
     for row in data["hosts"]:
         pid = str(row["pid"]) if row["alive"] else f"{row['pid']} (dead)"
         lines.append((row["host"], row["namespace"], row["address"], row["process"], pid, row["url"],
-                      row["advertises"] or "-", ", ".join(row["faults"]) or "-"))
+                      row["segment"] or "-", ", ".join(row["faults"]) or "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     stdout.print(f"[bold]hicache lab[/] {data['subnet']}  (this host: {data['bridge']['address']} on {data['bridge']['name']})",
                  highlight=False)

@@ -58,9 +58,12 @@ def _render(data: dict) -> None:
     for seg in segs:
         stdout.print(
             f"    {seg['name']}  {seg['protocol']}  {seg['status']}  {human_bytes(seg['size_bytes'])}  "
-            f"used {human_bytes(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)",
+            f"used {human_bytes(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)  TE {seg['te_endpoint']} "
+            + ("[green]reachable[/]" if not seg["endpoint_problem"] else f"[bold red]{seg['endpoint_problem'].upper()}[/]"),
             highlight=False,
         )
+        if seg["endpoint_note"]:
+            stdout.print(f"      [red]{seg['endpoint_note']}[/]", highlight=False)
     if not segs:
         stdout.print("    (none mounted: no client holds data for this master)", highlight=False)
     scope = f"  matching {data['prefix_filter']!r}: {data['matched_keys']}" if data["prefix_filter"] else ""

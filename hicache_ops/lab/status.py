@@ -8,6 +8,20 @@ from ..errors import InputError
 from . import processes, state, topology
 
 
+def _segment(host: dict) -> str | None:
+    """The Mooncake segment a serve mounted, as the master lists it (None if it does not answer)."""
+    if not host.get("url"):
+        return None
+    from ..errors import HicacheError
+    from ..server.client import ServeClient
+
+    try:
+        with ServeClient(host["url"], timeout_s=2.0) as client:
+            return client.stats()["config"].get("segment")
+    except HicacheError:
+        return None
+
+
 def rows(lab: dict) -> list[dict]:
     """One row per host: host, namespace, address, process (name, PID, alive), URL, faults."""
     out = []
@@ -19,6 +33,7 @@ def rows(lab: dict) -> list[dict]:
             "host": f"h{host['index']}", "namespace": host["namespace"], "address": host["address"],
             "process": name, "pid": record.get("pid"), "alive": processes.alive(record), "url": url,
             "advertises": host.get("advertised"),
+            "segment": _segment(host) if processes.alive(record) else None,
             "faults": [f["name"] for f in lab.get("faults", []) if f.get("host") in (f"h{host['index']}", None)],
         })
     return out
