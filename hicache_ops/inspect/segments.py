@@ -74,14 +74,16 @@ def check_segments(segments: list[dict], *, master_host: str, timeout: float = P
 def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: float = PROBE_TIMEOUT_S) -> list[dict]:
     """Live-diff entries for present objects whose every replica sits on a segment this host cannot reach.
 
-    Looks up at most SAMPLED_OBJECTS of `keys` (the objects SGLang would read first).
+    Locates at most SAMPLED_OBJECTS of `keys` (the objects SGLang would read first) in one
+    /batch_query_keys. Skipped for a master on loopback: its clients share this host, and a dead
+    owner's segment is already flagged by inspect store.
     """
+    sample = [k for k in keys if "," not in k][:SAMPLED_OBJECTS]
+    if is_loopback(admin.host) or not sample:
+        return []
     located: dict[str, list[str]] = {}
-    for key in list(keys)[:SAMPLED_OBJECTS]:
-        try:
-            replicas = admin.query_key(key)
-        except InputError:
-            continue
+    for key, answer in admin.batch_query_keys(sample).items():
+        replicas = answer.get("values") if isinstance(answer, dict) and answer.get("ok") else None
         endpoints = [r.get("transport_endpoint_") for r in replicas or [] if isinstance(r, dict)]
         if endpoints and all(endpoints):
             located[key] = endpoints
