@@ -107,6 +107,10 @@ def test_reader_host_gets_storage_hits_for_what_the_writer_host_wrote(lab):
         keys = [k for k in admin.get_all_keys() if any(p in k for p in wrote["page_keys"])]
         endpoints = {r["transport_endpoint_"] for k in keys for r in admin.query_key(k) or []}
     assert any(e.startswith(h1_address + ":") for e in endpoints), endpoints
+    # an existing playbook, with the serve and the master on different hosts
+    _, prompt = _prompt(lab, "shared", 10_000)
+    run = hicache(["playbook", "run", "no-l3-hit", "--serve", h2, "--prompt", prompt, "--json"])
+    assert _json(run)["finding"]["check"] == "1. Served from L1/L2 first", run.stdout
 
 
 def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
@@ -167,6 +171,39 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
         assert hicache(["lab", "fault", "heal", "--host", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
 
 
+def test_slow_link_is_cut_by_the_stop_policy(lab):
+    h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
+    result = hicache(["lab", "fault", "slow-link", "--host", "h2", "--latency-ms", "300", "--run-dir", lab["run_dir"], "--json"])
+    assert result.exit_code == 0, result.stdout
+    try:
+        tokens, prompt = _prompt(lab, "slow", 35_000)
+        assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
+        run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
+        data = _json(run)
+        assert data["finding"]["check"] == "6. Slow reads cut by the stop policy", run.stdout
+        assert [c["status"] for c in data["checks"][:5]] == ["clear"] * 5
+    finally:
+        assert hicache(["lab", "fault", "heal", "--host", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
+
+
+def test_master_restart_loses_every_object_and_clients_remount(lab):
+    h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
+    tokens, prompt = _prompt(lab, "before-restart", 37_000)
+    assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
+    result = hicache(["lab", "fault", "master-restart", "--run-dir", lab["run_dir"], "--json"])
+    assert result.exit_code == 0, result.stdout
+    run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
+    assert _json(run)["finding"]["check"] == "5. The objects are gone", run.stdout
+    deadline = time.monotonic() + 30
+    with AdminClient(lab["master"]["metrics"]) as admin:
+        while len(admin.get_all_segments()) < 2:  # both serves re-mount by themselves
+            assert time.monotonic() < deadline, "the serves did not re-mount their segments within 30 s"
+            time.sleep(0.5)
+    fresh, _ = _prompt(lab, "after-restart", 38_000)
+    assert _prefill(h1, fresh, backup=True)["stored_pages"] == PAGES
+    assert _prefill(h2, fresh)["storage_hit"] == len(fresh)
+
+
 def test_host_down_takes_its_objects_off_the_master(lab):
     h1 = lab["hosts"][1]
     tokens, prompt = _prompt(lab, "host-down", 40_000)
@@ -180,7 +217,8 @@ def test_host_down_takes_its_objects_off_the_master(lab):
     # until the client TTL runs out the segment stays listed, and nobody can reach it
     store = _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))
     listed = {p["segment"]: p["problem"] for p in store["segment_problems"]}
-    assert listed.get(segment) in ("unreachable", None)  # None only if the TTL already ran out
+    if segment in {s["name"] for s in store["segments"]}:  # not yet if the TTL already ran out
+        assert listed[segment] == "unreachable"
     deadline = time.monotonic() + 60
     with AdminClient(lab["master"]["metrics"]) as admin:
         while segment in admin.get_all_segments():
@@ -191,6 +229,8 @@ def test_host_down_takes_its_objects_off_the_master(lab):
     scheme = serve_variables(lab["hosts"][2]["url"])["serve_scheme"].split()
     keys = _json(hicache(["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"]))
     assert keys["first_missing"] is not None
+    run = hicache(["playbook", "run", "cross-host-miss", "--serve", lab["hosts"][2]["url"], "--prompt", prompt, "--json"])
+    assert _json(run)["finding"]["check"] == "5. The objects are gone", run.stdout
 
 
 def test_down_removes_every_namespace_link_and_process(lab):
@@ -215,3 +255,31 @@ def test_up_refuses_without_root(tmp_path):
                              "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "needs root" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_down_cleans_up_after_the_lab_command_is_killed_midway(tmp_path):
+    folder = tmp_path / "crashed"
+    state_file = folder / "lab.json"
+    command = subprocess.Popen([HICACHE, "lab", "up", "--hosts", "3", "--run-dir", str(folder)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # killed once the serves are being started: namespaces, links and processes exist
+            assert time.monotonic() < deadline and command.poll() is None, "lab up never reached its serves"
+            if state_file.exists():
+                try:
+                    hosts = json.loads(state_file.read_text())["hosts"]
+                except ValueError:
+                    hosts = []
+                if hosts and all(h.get("process") for h in hosts):
+                    break
+            time.sleep(0.05)
+    finally:
+        command.kill()
+        command.wait()
+    records = [h["process"] for h in json.loads(state_file.read_text())["hosts"]]
+    assert any(processes.alive(r) for r in records)  # they outlive the killed command
+    result = hicache(["lab", "down", "--run-dir", folder, "--json"])
+    assert result.exit_code == 0, result.stdout
+    assert not topology.existing_namespaces() and not topology.link_exists(topology.BRIDGE)
+    assert not any(processes.alive(r) for r in records)
