@@ -20,7 +20,7 @@ from ..mooncake.admin import AdminClient
 from ..mooncake.net import is_loopback, parse_host_port, tcp_probe
 
 PROBE_TIMEOUT_S = 1.0
-SAMPLED_OBJECTS = 16  # objects whose replicas the live diff locates (one /query_key each)
+SAMPLED_OBJECTS = 512  # objects whose replicas the live diff locates: one /batch_query_keys
 
 LOOPBACK_FIX = ("On the host that owns it, set MOONCAKE_LOCAL_HOSTNAME (or the config's local_hostname) to an "
                 "address other hosts can reach, and restart it (docs/mooncake.md#advertised-hostname).")
@@ -92,6 +92,9 @@ def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: flo
     for key, endpoints in located.items():
         if all(probes[e]["problem"] for e in endpoints):
             bad.setdefault(endpoints[0], []).append(key)
+    if not bad:
+        return []
+    segment_of = {s.get("te_endpoint"): s.get("segment_name") for s in admin.segments_detail()}
     out = []
     for endpoint, held in bad.items():
         probe = probes[endpoint]
@@ -100,11 +103,12 @@ def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: flo
         out.append({
             "kind": "unreachable_segment",
             "endpoint": endpoint,
+            "segment": segment_of.get(endpoint),
             "problem": probe["problem"],
             "objects": held,
             "message": f"{held[0]} is present on the master but the segment holding it is unreachable from here "
-                       f"(Transfer Engine endpoint {endpoint}, {why}); {len(held)} of the {len(located)} objects "
-                       "located live there, so reads fail and SGLang recomputes.",
+                       f"(segment {segment_of.get(endpoint) or '?'}, Transfer Engine endpoint {endpoint}, {why}); "
+                       f"{len(held)} of the {len(located)} objects located live there, so reads fail and SGLang recomputes.",
             "hint": LOOPBACK_FIX if probe["problem"] == "loopback" else UNREACHABLE_FIX,
         })
     return out

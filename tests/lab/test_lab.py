@@ -135,7 +135,14 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     assert "unreachable_segment" in kinds
     entry = next(d for d in _json(keys)["diagnosis"] if d["kind"] == "unreachable_segment")
     assert "present on the master but the segment holding it is unreachable from here" in entry["message"]
-    assert entry["problem"] == "loopback"
+    assert entry["problem"] == "loopback" and entry["segment"] == bad_segment
+
+    # the reader's trace names the writer's segment at the failed read
+    trace = hicache(["trace", "read", "--serve", h2, "--tokens-file", prompt, "--flush", "--json"])
+    steps = [json.loads(line) for line in trace.stdout.splitlines() if line.strip()]
+    failed = next(s for s in steps if s["status"] == "FAIL")
+    assert failed["name"] == "batch_get_into", steps
+    assert any(f"segment {bad_segment}" in cause for cause in failed["causes"]), failed["causes"]
 
     run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
     assert run.exit_code == 1, run.stdout
