@@ -9,7 +9,7 @@
   master-restart     the master killed and started again on the same address: every object is
                      gone, clients re-mount their segments by themselves
   slow-link          hK's serve restarted with --inject-l3-latency-ms (this kernel has no netem)
-  heal               hK back to normal: route removed, serve restarted advertising its own address
+  heal               hK back to normal: route removed, serve (re)started advertising its own address
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def fault(name: str, host: str | None = None, *, latency_ms: float = DEFAULT_SLO
         _restart_serve(folder, lab, index)
         lab["faults"] = [f for f in lab["faults"] if f["host"] != entry["host"]]
         entry["detail"] = f"h{index} restored: no blackhole route, serve advertising {target['address']}"
-    if name != "heal":
+    if name not in ("heal", "master-restart"):  # a restart is an event, not a state to heal
         lab["faults"].append(entry)
     state.save(folder, lab)
     return {**entry, "lab": lab}
