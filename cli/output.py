@@ -23,8 +23,8 @@ from rich.console import Console
 from hicache_ops.errors import HicacheError
 
 # highlight=False: Rich would otherwise colour numbers and paths inside our sentences at random.
-stdout = Console(soft_wrap=True, highlight=False)
-stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
 
 DEBUG_ENV = "HICACHE_DEBUG"
 
@@ -122,6 +122,6 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
         os.close(saved_fd)
         if temporary and restore:
             if failed and os.path.getsize(path):
-                stderr.print(f"[dim]Mooncake's native log: {path}[/]", highlight=False)
+                stderr.print(f"[dim]Mooncake's native log: {path}[/]")
             else:
                 shutil.rmtree(folder, ignore_errors=True)

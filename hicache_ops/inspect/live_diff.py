@@ -17,6 +17,8 @@ finding becomes a diagnosis entry:
                    others (a writer with a smaller TP/PP layout)
   other_version    the objects the other SGLang version would write (prefix and/or page keys)
   other_namespace  the page keys of another extra_key / cache_salt (0.5.23 seeds the chain)
+  unreachable_segment  objects SGLang would read are present, but the segment holding them is
+                   unreachable from here (segments.py)
   not_found        none of the above: never written, evicted, lost in a master restart, or gone
                    with the segment of a client that closed
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import InputError
 from .keys import Deployment, KeyReport, expected_keys
+from .segments import unreachable_holders
 from .store import pages_by_prefix
 from ..mooncake.admin import AdminClient
 from ..sglang.keys import dcp_topology
@@ -123,6 +126,8 @@ def live_diff(
         row = pages[contiguous]
         first_missing = row.object_keys[present[contiguous].index(False)]
     diff = LiveDiff(admin.address, present, contiguous, first_missing)
+    readable_prefix = [k for page in pages[:contiguous] for k in page.object_keys]
+    diff.diagnosis.extend(unreachable_holders(admin, readable_prefix))
     if first_missing is None:
         return diff
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..sglang.keys import WARMUP_KEY_PREFIX, dcp_topology
 from ..mooncake.admin import AdminClient
+from .segments import check_segments
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RANK_PART = re.compile(r"[A-Za-z0-9]+")
@@ -234,6 +235,7 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
         segments = [_segment_row(s) for s in admin.segments_detail()]
         metrics = admin.metrics()
         keys = admin.get_all_keys()
+    check_segments(segments, master_host=admin.host)
     grouped = group_keys(keys, prefix_filter=prefix or None, limit=limit)
     ready = bool(health.get("service_ready", health.get("status") == "ok"))
     capacity = sum(s["size_bytes"] for s in segments)
@@ -243,6 +245,9 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
         "ready": ready,
         "health": health,
         "segments": segments,
+        "segment_problems": [{"segment": s["name"], "te_endpoint": s["te_endpoint"], "problem": s["endpoint_problem"],
+                              "note": s["endpoint_note"]}
+                             for s in segments if s["endpoint_problem"]],
         "capacity_bytes": capacity,
         "used_bytes": used,
         "used_fraction": used / capacity if capacity else None,
