@@ -23,8 +23,8 @@ from rich.console import Console
 from hicache_ops.errors import HicacheError
 
 # highlight=False: Rich would otherwise colour numbers and paths inside our sentences at random.
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, soft_wrap=True)
+stdout = Console(soft_wrap=True, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 
 DEBUG_ENV = "HICACHE_DEBUG"
 
