@@ -35,6 +35,9 @@ def _render(report: KeyReport) -> None:
         f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}",
         highlight=False,
     )
+    for pool in report.to_json()["pools"]:
+        window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
+        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}", highlight=False)
     for page in report.pages:
         stdout.print(
             f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}", highlight=False
@@ -137,13 +140,38 @@ def keys(
     timeout: Annotated[
         float, typer.Option("--timeout", help="With --master: seconds to wait for each answer of the master.")
     ] = 3.0,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pool",
+            help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
+            "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
+            "Adds its objects to each page (repeatable; docs/side-pools.md).",
+            show_default=False,
+        ),
+    ] = None,
+    pool_preset: Annotated[
+        str | None,
+        typer.Option(
+            "--pool-preset",
+            help="The side pools of a real hybrid model (sets --mla where the model is MLA): "
+            "deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, deepseek-v3.2, deepseek-v3.2-mtp.",
+            show_default=False,
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Page keys and Mooncake object keys SGLang derives for a prompt."""
     with reporting(json_output):
         from hicache_ops.sglang.host_pool import check_layout_for
+        from hicache_ops.sglang.pools import parse_pool, preset
 
         version = validate_version(sglang_version or default_version())
+        pools = [parse_pool(text) for text in pool or ()]
+        if pool_preset is not None:
+            chosen = preset(pool_preset, version)
+            mla = mla or chosen.mla
+            pools = chosen.specs(page_size) + pools
         check_layout_for(layout, mla=mla)
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
         deployment = Deployment(
@@ -167,6 +195,7 @@ def keys(
             deployment,
             extra_key=extra_key if extra_key is not None else prompt.extra_key,
             cache_salt=cache_salt if cache_salt is not None else prompt.cache_salt,
+            pools=pools,
         )
         if master is None:
             if try_extra_key or try_cache_salt:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..sglang.keys import Deployment, namespace_seed, normalise_namespace, page_keys
+from ..sglang.pools import PoolSpec, check_pool, pool_suffixes
 
 
 @dataclass
@@ -16,6 +17,8 @@ class PageRow:
     end: int
     page_key: str
     object_keys: list[str]
+    # The pool of each object ("kv" for the main pool), parallel to object_keys.
+    object_pools: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -40,6 +43,7 @@ class KeyReport:
     ranks: list[dict]
     pages: list[PageRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pools: list[PoolSpec] = field(default_factory=list)
 
     @property
     def object_keys(self) -> list[str]:
@@ -58,6 +62,10 @@ class KeyReport:
             "ranks": self.ranks,
             "pages": [page.to_json() for page in self.pages],
             "notes": self.notes,
+            "pools": [
+                pool.to_json(list(dict.fromkeys(s for rank in self.ranks for s in rank["pools"][pool.name])))
+                for pool in self.pools
+            ],
         }
 
 
@@ -68,11 +76,21 @@ def expected_keys(
     *,
     extra_key: str | None = None,
     cache_salt: str | None = None,
+    pools: Sequence[PoolSpec] = (),
 ) -> KeyReport:
-    """Every page key and object key SGLang's storage path derives for `tokens`."""
+    """Every page key and object key SGLang's storage path derives for `tokens`.
+
+    Each side pool in `pools` adds its objects to every page, after the KV objects of the same
+    rank, in the order given (docs/side-pools.md#side-pool-object-keys).
+    """
     version = deployment.version
     if len(tokens) == 0:
         raise InputError("the prompt is empty; give at least one page of token ids.")
+    names = [pool.name for pool in pools]
+    if len(set(names)) != len(names):
+        raise InputError(f"a pool is given twice: {', '.join(names)}; SGLang registers each pool once.")
+    for pool in pools:
+        check_pool(pool, version, deployment.mla)
     keys = page_keys(tokens, page_size, version, extra_key=extra_key, cache_salt=cache_salt)
     schemes = deployment.schemes()
     extra_key_n, cache_salt_n = normalise_namespace(version, extra_key, cache_salt)
@@ -86,16 +104,26 @@ def expected_keys(
         prompt_tokens=len(tokens),
         trailing_tokens=len(tokens) % page_size,
         ranks=[
-            {"tp_rank": s.tp_rank, "pp_rank": s.pp_rank, "dcp_rank": s.dcp_rank, "suffixes": s.suffixes}
+            {
+                "tp_rank": s.tp_rank,
+                "pp_rank": s.pp_rank,
+                "dcp_rank": s.dcp_rank,
+                "suffixes": s.suffixes,
+                "pools": {pool.name: pool_suffixes(pool, s) for pool in pools},
+            }
             for s in schemes
         ],
+        pools=list(pools),
     )
+    prefix = report.key_prefix
     for index, key in enumerate(keys):
-        objects: list[str] = []
-        for scheme in schemes:
-            objects.extend(k for k in scheme.object_keys(key) if k not in objects)
+        objects: dict[str, str] = {}  # object key -> pool, in order, each once
+        for scheme, rank in zip(schemes, report.ranks):
+            for name, suffixes in [("kv", scheme.suffixes), *rank["pools"].items()]:
+                for suffix in suffixes:
+                    objects.setdefault(f"{prefix}{key}{suffix}", name)
         report.pages.append(
-            PageRow(index, index * page_size, (index + 1) * page_size, key, objects)
+            PageRow(index, index * page_size, (index + 1) * page_size, key, list(objects), list(objects.values()))
         )
     if not keys:
         report.notes.append(
