@@ -65,11 +65,23 @@ def _render_live(report: KeyReport, diff) -> None:
         for key, ok in zip(page.object_keys, present):
             stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}", highlight=False)
     total = len(report.pages)
-    stdout.print(
-        f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
-        f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
-        highlight=False,
-    )
+    if diff.pool_pages is None:
+        stdout.print(
+            f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
+            f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
+            highlight=False,
+        )
+    else:
+        pools = ", ".join(f"{name} {pages}" for name, pages in diff.pool_pages.items())
+        stdout.print(
+            f"[bold]loadable prefix[/] {diff.contiguous_pages}/{total} pages "
+            f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists_v2 returns: "
+            f"KV {diff.kv_contiguous_pages}, {pools}",
+            highlight=False,
+        )
+        if diff.restorable_prefix_pages is not None:
+            stops = diff.restorable_prefix_pages
+            stdout.print(f"[bold]restorable stop points[/] {', '.join(map(str, stops)) or 'none'}", highlight=False)
     if diff.first_missing:
         stdout.print(f"[bold]first missing[/] {diff.first_missing}", highlight=False)
     for entry in diff.diagnosis:
