@@ -65,14 +65,14 @@ def _render_live(report: KeyReport, diff) -> None:
         for key, ok in zip(page.object_keys, present):
             stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}", highlight=False)
     total = len(report.pages)
-    if diff.pool_pages is None:
+    if diff.pool_hit_pages is None:
         stdout.print(
             f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
             f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
             highlight=False,
         )
     else:
-        pools = ", ".join(f"{name} {pages}" for name, pages in diff.pool_pages.items())
+        pools = ", ".join(f"{name} {pages}" for name, pages in diff.pool_hit_pages.items())
         stdout.print(
             f"[bold]loadable prefix[/] {diff.contiguous_pages}/{total} pages "
             f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists_v2 returns: "

@@ -21,7 +21,7 @@ key listing fetched on first use) and returns its entries:
                    others (a writer with a smaller TP/PP layout)
   other_version    the objects the other SGLang version would write (prefix and/or page keys)
   other_namespace  the page keys of another extra_key / cache_salt (0.5.23 seeds the chain)
-  not_found        none of the above: never written, evicted, lost in a master restart, or gone
+  not_found        no KV object and none of the above: never written, evicted, lost in a master restart, or gone
                    with the segment of a client that closed
 
 Presence takes one /batch_query_keys per 512 objects; the diagnoses of missing KV pages one
@@ -52,7 +52,7 @@ class LiveDiff:
     store_keys: int | None = None  # size of the key listing, when the diagnosis needed one
     kv_contiguous_pages: int | None = None  # batch_exists over the KV objects alone
     restorable_prefix_pages: list[int] | None = None  # 0.5.23 with side pools
-    pool_pages: dict[str, int] | None = None  # with side pools: each pool's own boundary
+    pool_hit_pages: dict[str, int] | None = None  # with side pools: SGLang's per-pool hits (no entry: none)
 
     @property
     def complete(self) -> bool:
@@ -68,9 +68,9 @@ class LiveDiff:
         report_json["diagnosis"] = self.diagnosis
         report_json["store_keys"] = self.store_keys
         report_json["kv_contiguous_pages"] = self.kv_contiguous_pages
-        if self.pool_pages is not None:
+        if self.pool_hit_pages is not None:
             report_json["restorable_prefix_pages"] = self.restorable_prefix_pages
-            report_json["pool_pages"] = self.pool_pages
+            report_json["pool_hit_pages"] = self.pool_hit_pages
         return report_json
 
 
@@ -202,15 +202,20 @@ class LoadablePrefix:
     kv_pages: int
     pages: int
     restorable: list[int] | None  # 0.5.23 with side pools: the stop points every rank can restore
-    pool_pages: dict[str, int]  # each pool's own boundary, the least over ranks
+    pool_hit_pages: dict[str, int]  # SGLang's extra_pool_hit_pages without kv: the least over ranks
 
 
 def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[list[bool]]) -> LoadablePrefix:
-    """Per rank as `batch_exists_v2` does it (KV prefix, then each pool's hit policy), intersected over ranks."""
+    """Per rank as `batch_exists_v2` does it (KV prefix, then each pool's hit policy), intersected over ranks.
+
+    Like SGLang, a rank stops looking at further pools once nothing is loadable, so those pools
+    report no hit.
+    """
     flag_of = {k: ok for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags)}
     prefix = report.key_prefix
     page_keys = [p.page_key for p in report.pages]
-    kv_pages_all, final_all, pool_pages = [], [], {}
+    old = deployment.version == V0_5_14
+    kv_pages_all, final_all, hits_all = [], [], []
     restorable_all: set[int] | None = None
     for scheme, rank in zip(deployment.schemes(), report.ranks):
         def page_exists(suffixes: list[str], pages: int) -> list[bool]:
@@ -220,24 +225,27 @@ def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[lis
         kv_pages_all.append(kv_pages)
         restorable = set(range(1, kv_pages + 1))
         final = kv_pages
+        hits: dict[str, int] = {}
         for pool in report.pools:
-            exists = page_exists(rank["pools"][pool.name], kv_pages)
-            stops = _pool_stop_points(exists, pool.trailing_pages)
-            boundary = max(stops, default=0)
-            pool_pages[pool.name] = min(pool_pages.get(pool.name, boundary), boundary)
+            if not (final if old else restorable):
+                break
+            stops = _pool_stop_points(page_exists(rank["pools"][pool.name], kv_pages), pool.trailing_pages)
+            if stops:
+                hits[pool.name] = max(stops)
             restorable &= stops
-            final = min(final, boundary)
-        if deployment.version != V0_5_14:
-            final = max(restorable, default=0)
-        final_all.append(final)
+            final = min(final, max(stops, default=0))
+        final_all.append(final if old else max(restorable, default=0))
+        hits_all.append(hits)
         restorable_all = restorable if restorable_all is None else restorable_all & restorable
     kv = min(kv_pages_all)
     if not report.pools:
         return LoadablePrefix(kv, kv, None, {})
-    if deployment.version == V0_5_14:
-        return LoadablePrefix(kv, min(final_all), None, pool_pages)
+    pool_hits = {p.name: min(h.get(p.name, 0) for h in hits_all) for p in report.pools}
+    pool_hits = {name: pages for name, pages in pool_hits.items() if pages}
+    if old:
+        return LoadablePrefix(kv, min(final_all), None, pool_hits)
     stops = sorted(restorable_all or ())
-    return LoadablePrefix(kv, stops[-1] if stops else 0, stops, pool_pages)
+    return LoadablePrefix(kv, stops[-1] if stops else 0, stops, pool_hits)
 
 
 def _pool_stop_points(exists: list[bool], trailing: int | None) -> set[int]:
@@ -279,7 +287,7 @@ def live_diff(
     diff = LiveDiff(admin.address, present, prefix.pages, first_missing, kv_contiguous_pages=prefix.kv_pages)
     if report.pools:
         diff.restorable_prefix_pages = prefix.restorable
-        diff.pool_pages = prefix.pool_pages
+        diff.pool_hit_pages = prefix.pool_hit_pages
     if first_missing is None:
         return diff
     lookup = Lookup(tokens, page_size, deployment, admin, report, present, prefix, first_missing, extra_key, cache_salt,
@@ -373,7 +381,7 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
                 missing_first = missing_first or gone
         if not pages:
             continue
-        served = lookup.prefix.pool_pages.get(pool.name, 0)
+        served = lookup.prefix.pool_hit_pages.get(pool.name, 0)
         window = f"the last {pool.trailing_pages} page(s) before a stop point" if pool.trailing_pages else "every page of the prefix"
         effect = (
             f"this pool alone serves {served} of the {lookup.kv_contiguous} KV pages"
@@ -389,7 +397,7 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
             "pages": pages,
             "page": pages[0],
             "missing": missing_first,
-            "pool_pages": served,
+            "pool_hit_pages": served,
             "message": f"the KV objects of page {pages[0]} are present but its {pool.name} object(s) "
             f"{', '.join(missing_first)} are missing ({len(pages)} page(s) in all); {pool.name} needs {window}: {effect}.",
             "hint": "The side pool was written by another configuration (no speculative/hybrid pools, another "
@@ -520,15 +528,15 @@ _RELATED = {"other_prefix", "dcp", "mla_vs_mha", "other_rank", "other_version", 
 
 
 def not_found(lookup: Lookup, so_far: list[dict]) -> list[dict]:
-    """Pages with none of their objects, and nothing related found anywhere."""
-    absent = [i for i in lookup.missing_pages if not any(lookup.present[i])]
+    """Pages with none of their KV objects, and nothing related found anywhere."""
+    absent = [i for i in lookup.missing_pages if not any(ok for _, ok in lookup.kv_present(i))]
     if not absent or any(entry["kind"] in _RELATED for entry in so_far):
         return []
     return [{
         "kind": "not_found",
         "pages": len(absent),
         "first": absent[0],
-        "message": f"{len(absent)} page(s) have none of their objects, and no related object exists under any "
+        "message": f"{len(absent)} page(s) have none of their KV objects, and no related object exists under any "
         "prefix, rank, version or namespace tried.",
         "hint": "Never written (write policy, e.g. write_through_selective needs a second hit), evicted, "
         "lost in a master restart, or gone with the segment of a client that closed; "
