@@ -157,10 +157,6 @@ class Lookup:
     def kv_suffixes(self) -> list[str]:
         return [s for scheme in self.schemes for s in scheme.suffixes]
 
-    @property
-    def pool_suffixes(self) -> set[str]:
-        return {s for rank in self.report.ranks for suffixes in rank["pools"].values() for s in suffixes}
-
     def alternates(self) -> list[tuple[str, str, Deployment, list[str], str]]:
         """(kind, label, deployment, page keys, detail) of the other version and namespaces."""
         if self._alternates is None:
@@ -451,7 +447,7 @@ def other_suffixes(lookup: Lookup, _: list[dict]) -> list[dict]:
         return []
     index, page_keys = lookup.index(), lookup.page_keys
     expected = lookup.kv_suffixes
-    known = set(expected) | lookup.pool_suffixes
+    known = set(expected)
     found: Counter[str] = Counter()
     for i in missing:
         for suffix in index.get(page_keys[i], {}).get(lookup.report.key_prefix, set()) - known:

@@ -9,7 +9,8 @@ needs device state buffers, the indexer's an NSA device pool): their objects are
 under our names, and SGLang's store sees those pools through stand-ins that carry only what its
 key builder reads (`conv_buffer`, `temporal_state_elem_size`). SGLang's `batch_exists_v2` then
 reports the loadable prefix, per-pool hits and (0.5.23) the restorable stop points, which must
-equal ours; the master's listing must hold exactly the objects we say are present.
+equal ours; the master's listing must hold exactly the objects we say are present, and
+`inspect store`'s grouping must put each pool's objects with their page.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from hicache_ops.inspect.keys import Deployment, expected_keys
 from hicache_ops.inspect.live_diff import live_diff
+from hicache_ops.inspect.store import group_keys, parse_object_key
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store import StoreClient
 from hicache_ops.sglang.pools import PoolSpec
@@ -187,6 +189,19 @@ def compare(master, version: str, cases: list[dict], results: dict) -> None:
             held = {k for k in listing if any(pk in k for pk in got["page_keys"])}
             present = {k for row, flags in zip(report.pages, diff.present) for k, ok in zip(row.object_keys, flags) if ok}
             assert held == present, (version, case["id"], sorted(held ^ present)[:4])
+            # inspect store's grouping: each pool with its pages, the KV pages that lack it.
+            (group,) = group_keys(sorted(held))["groups"]
+            assert group["pages"] == len(case["kv"]) and group["complete_pages"] == len(case["kv"])
+            pools = {p["pool"]: p for p in group["pools"]}
+            for name in ("swa", "draft", "mamba", "indexer"):
+                if not case[name]:
+                    assert name not in pools
+                    continue
+                row = pools[name]
+                assert row["pages"] == row["complete_pages"] == len(case[name]), (case["id"], name)
+                assert row["kv_pages_without_pool"] == len(set(case["kv"]) - set(case[name])), (case["id"], name)
+                assert row["pages_without_kv"] == len(set(case[name]) - set(case["kv"])), (case["id"], name)
+                assert set(row["suffixes"]) == set(report.ranks[0]["pools"][name])
 
 
 def extra(master) -> dict:
@@ -246,3 +261,27 @@ def check_cli(master, cases: list[dict]) -> None:
 
     code, data = live(by_id["kv-short"])  # the KV diagnosis as before; the side pools are complete
     assert data["contiguous_pages"] == 4 and [d["kind"] for d in data["diagnosis"]] == ["not_found"]
+
+
+@pytest.mark.parametrize(
+    "suffix, rank, component, pool",
+    [
+        ("_0_temporal", "0", "temporal", "mamba"),
+        ("_1_2_conv_3", "1_2", "conv_3", "mamba"),
+        ("__draft_k", "", "draft_k", "draft"),
+        ("_0_draft_v", "0", "draft_v", "draft"),
+        ("_0_draft_swa_k", "0", "draft_swa_k", "draft_swa"),
+        ("__draft_swa", "", "draft_swa", "draft_swa"),
+        ("_1_swa_v", "1", "swa_v", "swa"),
+        ("__swa", "", "swa", "swa"),
+        ("_dcp1_cp0_indexer", "dcp1_cp0", "indexer", "indexer"),
+        ("_1_deepseek_v4_c4_indexer_state", "1", "deepseek_v4_c4_indexer_state", "deepseek_v4_c4_indexer_state"),
+    ],
+)
+def test_side_pool_objects_parse_with_their_pool(suffix, rank, component, pool):
+    page_key = "ab" * 32
+    parts = parse_object_key(f"tag_model_{page_key}{suffix}")
+    assert (parts.prefix, parts.page_key, parts.rank, parts.kv, parts.pool) == ("tag_model_", page_key, rank, component, pool)
+    assert parts.suffix == suffix
+    assert parse_object_key(f"{page_key}_0_k").pool == "kv"
+    assert parse_object_key(f"{page_key}_0_draft_x") is None
