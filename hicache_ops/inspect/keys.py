@@ -92,7 +92,7 @@ def expected_keys(
     for pool in pools:
         check_pool(pool, version, deployment.mla)
     keys = page_keys(tokens, page_size, version, extra_key=extra_key, cache_salt=cache_salt)
-    schemes = deployment.schemes()
+    schemes = deployment.schemes(every_rank=bool(pools))
     extra_key_n, cache_salt_n = normalise_namespace(version, extra_key, cache_salt)
     report = KeyReport(
         sglang_version=version,
@@ -147,4 +147,18 @@ def expected_keys(
         )
     elif deployment.mla and deployment.tp_size > 1:
         report.notes.append("MLA: only tp rank 0 writes to L3; the other ranks read its objects.")
+    per_rank = [p.name for p in pools if len({tuple(r["pools"][p.name]) for r in report.ranks}) > 1]
+    if deployment.mla and per_rank:
+        names = ", ".join(per_rank)
+        if version == "0.5.14":
+            report.notes.append(
+                f"MLA with side pools named per tp rank ({names}): SGLang 0.5.14 skips every backup on tp ranks "
+                "other than 0, yet each rank looks up its own objects, so those ranks never find theirs and the "
+                "MIN over ranks loads nothing (docs/side-pools.md#side-pool-object-keys)."
+            )
+        else:
+            report.notes.append(
+                f"MLA with side pools named per tp rank ({names}): every tp rank writes its own objects of these "
+                "pools, while only the KV writer writes the KV (docs/side-pools.md#side-pool-object-keys)."
+            )
     return report

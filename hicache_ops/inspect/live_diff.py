@@ -139,7 +139,7 @@ class Lookup:
 
     @property
     def schemes(self) -> list[ObjectKeyScheme]:
-        return self.deployment.schemes()
+        return self.deployment.schemes(every_rank=bool(self.report.pools))
 
     def kv_present(self, page: int) -> list[tuple[str, bool]]:
         row = self.pages[page]
@@ -155,7 +155,7 @@ class Lookup:
 
     @property
     def kv_suffixes(self) -> list[str]:
-        return [s for scheme in self.schemes for s in scheme.suffixes]
+        return list(dict.fromkeys(s for scheme in self.schemes for s in scheme.suffixes))
 
     def alternates(self) -> list[tuple[str, str, Deployment, list[str], str]]:
         """(kind, label, deployment, page keys, detail) of the other version and namespaces."""
@@ -213,7 +213,7 @@ def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[lis
     old = deployment.version == V0_5_14
     kv_pages_all, final_all, hits_all = [], [], []
     restorable_all: set[int] | None = None
-    for scheme, rank in zip(deployment.schemes(), report.ranks):
+    for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks):
         def page_exists(suffixes: list[str], pages: int) -> list[bool]:
             return [all(flag_of[f"{prefix}{page_keys[i]}{s}"] for s in suffixes) for i in range(pages)]
 

@@ -160,3 +160,19 @@ def test_presets_are_valid_in_their_versions():
     swa = PRESETS["gpt-oss"].specs(page_size=64)[0]
     assert swa.trailing_pages == 2  # 128 tokens in pages of 64
     assert PRESETS["gpt-oss"].specs(page_size=100)[0].trailing_pages == 2  # rounded up
+
+
+def test_mla_side_pools_named_per_rank_expect_every_rank():
+    """Each tp rank looks up its own per-rank side-pool objects (docs/side-pools.md): with MLA the
+    KV stays one `__k`, the Mamba objects are one set per rank; 0.5.14 never writes ranks > 0."""
+    from hicache_ops.inspect.keys import Deployment, expected_keys
+
+    tokens = list(range(100, 132))
+    for version, says in (("0.5.14", "loads nothing"), ("0.5.23", "every tp rank writes")):
+        report = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2), pools=[PoolSpec("mamba", conv=1)])
+        suffixes = [key[64:] for key in report.pages[0].object_keys]
+        assert suffixes == ["__k", "_0_temporal", "_0_conv_0", "_1_temporal", "_1_conv_0"]
+        assert any(says in note for note in report.notes)
+        indexer = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2), pools=[PoolSpec("indexer")])
+        assert [key[64:] for key in indexer.pages[0].object_keys] == ["__k", "__indexer"]
+        assert not any("per tp rank" in note for note in indexer.notes)
