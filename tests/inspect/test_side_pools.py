@@ -255,6 +255,11 @@ def check_cli(master, cases: list[dict]) -> None:
     assert (entry["pool"], entry["page"], entry["trailing_pages"]) == ("swa", 2, SWA_WINDOW)
     assert "1-2, 5-6" in entry["message"]
 
+    human = hicache(["inspect", "keys", "--tokens", ",".join(map(str, by_id["swa-hole"]["tokens"])), "--page-size", str(PAGE),
+                     "--sglang-version", "0.5.23", "--master", master.metrics_address, *POOL_ARGS])
+    assert human.exit_code == 1 and "restorable stop points 1, 2, 5, 6" in human.output
+    assert f"loadable prefix 6/{PAGES} pages" in human.output and "side_pool_missing:" in human.output
+
     code, data = live(by_id["indexer-page-missing"])
     (entry,) = data["diagnosis"]
     assert (entry["pool"], entry["page"], entry["pool_hit_pages"]) == ("indexer", 3, 3) and data["contiguous_pages"] == 3
@@ -285,3 +290,28 @@ def test_side_pool_objects_parse_with_their_pool(suffix, rank, component, pool):
     assert parts.suffix == suffix
     assert parse_object_key(f"{page_key}_0_k").pool == "kv"
     assert parse_object_key(f"{page_key}_0_draft_x") is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pool", "draft_swa", "--sglang-version", "0.5.14"], "SGLang 0.5.14 has no pool 'draft_swa'"),
+        (["--pool", "mamba:conv=2,temporal=0", "--sglang-version", "0.5.14"], "always writes the temporal"),
+        (["--pool-preset", "deepseek-v3.2-mtp", "--sglang-version", "0.5.14"], "needs SGLang 0.5.23"),
+        (["--pool-preset", "nope"], "unknown pool preset"),
+        (["--pool", "swa:window=x"], "window must be a positive integer"),
+        (["--pool", "mamba", "--pool", "mamba:conv=2"], "given twice"),
+        (["--pool", "mamba", "--layout", "page_head", "--tp-lcm-size", "2"], "split heads"),
+    ],
+)
+def test_bad_pools_are_exit_2(args, message):
+    result = hicache(["inspect", "keys", "--tokens", ",".join(map(str, range(32))), "--page-size", str(PAGE), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_human_output_lists_pools_and_presets():
+    result = hicache(["inspect", "keys", "--tokens", ",".join(map(str, range(32))), "--page-size", str(PAGE),
+                      "--sglang-version", "0.5.23", "--pool-preset", "gpt-oss"])
+    assert result.exit_code == 0
+    assert f"pool swa  trailing_pages (last {-(-128 // PAGE)} page(s))  _0_swa_k, _0_swa_v" in result.output
