@@ -147,7 +147,10 @@ def expected_keys(
         )
     elif deployment.mla and deployment.tp_size > 1:
         report.notes.append("MLA: only tp rank 0 writes to L3; the other ranks read its objects.")
-    per_rank = [p.name for p in pools if len({tuple(r["pools"][p.name]) for r in report.ranks}) > 1]
+    per_rank = [  # pools whose names differ between tp ranks of one pipeline stage
+        p.name for p in pools
+        if any(len({tuple(r["pools"][p.name]) for r in report.ranks if r["pp_rank"] == pp}) > 1 for pp in {r["pp_rank"] for r in report.ranks})
+    ]
     if deployment.mla and per_rank:
         names = ", ".join(per_rank)
         if version == "0.5.14":

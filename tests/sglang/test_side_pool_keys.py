@@ -176,3 +176,6 @@ def test_mla_side_pools_named_per_rank_expect_every_rank():
         indexer = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2), pools=[PoolSpec("indexer")])
         assert [key[64:] for key in indexer.pages[0].object_keys] == ["__k", "__indexer"]
         assert not any("per tp rank" in note for note in indexer.notes)
+        staged = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2, pp_size=2), pools=[PoolSpec("indexer")])
+        assert [key[64:] for key in staged.pages[0].object_keys] == ["_0_k", "_0_indexer", "_1_k", "_1_indexer"]
+        assert not any("per tp rank" in note for note in staged.notes)
