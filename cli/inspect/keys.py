@@ -159,6 +159,7 @@ def keys(
             help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
             "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
             "Adds its objects to each page (repeatable; docs/side-pools.md).",
+            metavar="NAME[:k=v,...]",
             show_default=False,
         ),
     ] = None,
@@ -168,6 +169,7 @@ def keys(
             "--pool-preset",
             help="The side pools of a real hybrid model (sets --mla where the model is MLA): "
             "deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, deepseek-v3.2, deepseek-v3.2-mtp.",
+            metavar="PRESET",
             show_default=False,
         ),
     ] = None,
