@@ -9,7 +9,7 @@ import typer
 
 from hicache_ops.errors import HicacheError, InputError
 
-from . import bench, inspect, playbook, prefetch, serve, trace, warm
+from . import bench, inspect, lab, playbook, prefetch, serve, trace, warm
 from . import tap as tap_command
 from . import te as te_command
 from .help import HicacheCommand, HicacheGroup, examples
@@ -71,6 +71,7 @@ app.command("warm", cls=HicacheCommand, epilog=warm.EXAMPLES)(warm.warm)
 app.command("prefetch", cls=HicacheCommand, epilog=prefetch.EXAMPLES)(prefetch.prefetch)
 app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
+app.add_typer(lab.app, name="lab")
 
 
 def run() -> None:

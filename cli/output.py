@@ -126,6 +126,6 @@ def native_stderr_to_file(log_dir: str | None, name: str = "mooncake_client.log"
         os.close(saved_fd)
         if temporary and restore:
             if failed and os.path.getsize(path):
-                stderr.print(f"[dim]Mooncake's native log: {path}[/]", highlight=False)
+                stderr.print(f"[dim]Mooncake's native log: {path}[/]")
             else:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -112,7 +112,7 @@ def run(
         def render(d: dict) -> None:
             finding = d["finding"]
             if d["interrupted"]:
-                stdout.print(f"\n[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]", highlight=False)
+                stdout.print(f"\n[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]")
                 return
             if finding is None:
                 verdict = "every check is clear" if d["status"] == "pass" else "no finding, but some checks could not run"

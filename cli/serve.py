@@ -86,6 +86,7 @@ def _panel(info: dict, url: str) -> Panel:
         rows.append(("L3", f"{where} rpc {info['master_rpc_address']}, http {info['master_metrics_address']}"))
         if info["master_pid"]:
             rows.append(("master", f"pid {info['master_pid']}, log {info['master_log']}"))
+        rows.append(("segment", f"{info['segment']} (local_hostname from {info['local_hostname_source']})"))
         rows.append(("client log", info["client_log"]))
     for name, value in rows:
         table.add_row(name, value)
@@ -204,11 +205,13 @@ def serve(
             if remove and (not failed or said_nothing):
                 shutil.rmtree(folder, ignore_errors=True)
             elif log_dir is None:
-                stderr.print(f"logs kept in {folder}", highlight=False)
+                stderr.print(f"logs kept in {folder}")
 
 
 def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_log: str, l3_latency_s: float, remove_logs: bool) -> None:
     from hicache_ops.server.runtime import Runtime
+
+    from hicache_ops.mooncake.hostname import advertised_hostname
 
     # The L3 watch logs the tier going down or up again; sys.stderr is the terminal here.
     handler = logging.StreamHandler(sys.stderr)
@@ -216,7 +219,9 @@ def _run(spec, target, segment_mb: int, log_dir, host: str, port: int, native_lo
     logging.getLogger("hicache").addHandler(handler)
     logging.getLogger("hicache").setLevel(logging.INFO)
 
-    runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s).start()
+    local_hostname, source = advertised_hostname(spec.sglang_version, host)
+    runtime = Runtime(spec, target, segment_bytes=segment_mb * 2**20, log_dir=log_dir, l3_latency_s=l3_latency_s,
+                      local_hostname=local_hostname, local_hostname_source=source).start()
     try:
         import uvicorn
 

@@ -14,19 +14,18 @@ from .output import emit, reporting, stderr, stdout
 
 
 def _render(plan: dict) -> None:
-    stdout.print("[bold]Add to the SGLang launch command:[/]", highlight=False)
+    stdout.print("[bold]Add to the SGLang launch command:[/]")
     # Plain, unwrapped text: the flags must copy-paste exactly.
     print(plan["command_line"], flush=True)
     rec = plan["recording"]
     if rec["per_rank"]:
-        stdout.print(f"[bold]recording[/] one file per rank: {', '.join(rec['files'])}", highlight=False)
+        stdout.print(f"[bold]recording[/] one file per rank: {', '.join(rec['files'])}")
     else:
-        stdout.print(f"[bold]recording[/] {rec['path']}", highlight=False)
-    stdout.print(f"[bold]kept from your extra-config[/] {', '.join(plan['kept_keys']) or '(nothing given)'}",
-                 highlight=False)
-    stdout.print(f"[bold]then[/] {plan['show']}", highlight=False)
+        stdout.print(f"[bold]recording[/] {rec['path']}")
+    stdout.print(f"[bold]kept from your extra-config[/] {', '.join(plan['kept_keys']) or '(nothing given)'}")
+    stdout.print(f"[bold]then[/] {plan['show']}")
     for note in plan["notes"]:
-        stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+        stderr.print(f"[yellow]note:[/] {note}")
 
 
 def tap(

@@ -52,8 +52,11 @@ def _render(data: dict) -> None:
     for seg in segs:
         stdout.print(
             f"    {seg['name']}  {seg['protocol']}  {seg['status']}  {_binary(seg['size_bytes'])}  "
-            f"used {_binary(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)",
+            f"used {_binary(seg['used_bytes'])} ({seg['usage_percent']:.1f}%)  TE {seg['te_endpoint']} "
+            + ("[green]reachable[/]" if not seg["endpoint_problem"] else f"[bold red]{seg['endpoint_problem'].upper()}[/]"),
         )
+        if seg["endpoint_note"]:
+            stdout.print(f"      [red]{seg['endpoint_note']}[/]")
     if not segs:
         stdout.print("    (none mounted: no client holds data for this master)")
     scope = f"  matching {data['prefix_filter']!r}: {data['matched_keys']}" if data["prefix_filter"] else ""
@@ -75,11 +78,23 @@ def _render(data: dict) -> None:
                 f"    [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
                 f"missing {' '.join(row['missing'])}",
             )
+        for pool in group["pools"]:
+            stdout.print(
+                f"    [bold]pool[/] {pool['pool']}  {pool['pages']} pages  complete {pool['complete_pages']}/{pool['pages']}  "
+                f"KV pages without it {pool['kv_pages_without_pool']}  without KV {pool['pages_without_kv']}  "
+                f"suffixes {', '.join(pool['suffixes'])}",
+                highlight=False,
+            )
+            for row in pool["incomplete"]:
+                stdout.print(
+                    f"        [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
+                    f"missing {' '.join(row['missing'])}",
+                    highlight=False,
+                )
     if data["unified_scheme_keys"]:
         stderr.print(
             f"[yellow]note:[/] {data['unified_scheme_keys']} key(s) follow SGLang's unified key scheme "
             "({page_key}_ukv…_L{start}-{end}); no SGLang 0.5.23 flag writes them (docs/keys.md#unified-key-scheme).",
-            highlight=False,
         )
     for key in data["other_key_samples"]:
         stdout.print(f"[dim]other[/] {key}")

@@ -26,14 +26,13 @@ def _cell(value: object) -> str:
 def _render(data: dict) -> None:
     from rich.table import Table
 
-    stdout.print(f"[bold]Shared Transfer Engine reuse[/] (SGLang {data['sglang_version']})", highlight=False)
+    stdout.print(f"[bold]Shared Transfer Engine reuse[/] (SGLang {data['sglang_version']})")
     for cond in data["conditions"]:
         mark = "[green]ok[/]" if cond["ok"] else "[red]NO[/]"
         stdout.print(
             f"  {mark}  [bold]{cond['name']}[/]  actual {_cell(cond['actual'])}  expected {_cell(cond['expected'])}",
-            highlight=False,
         )
-        stdout.print(f"        [dim]why:[/] {cond['why']}", highlight=False)
+        stdout.print(f"        [dim]why:[/] {cond['why']}")
     ranks = data["ranks"]
     if len(ranks) > 1 and len({(_cell(r["store_device_name"]), _cell(r["engine_ib_device"])) for r in ranks}) > 1:
         per = Table(title="per rank", show_lines=False)
@@ -44,17 +43,17 @@ def _render(data: dict) -> None:
                         _cell(r["engine_ib_device"]), "[green]yes[/]" if r["eligible"] else "[red]no[/]")
         stdout.print(per)
     if data["eligible"]:
-        stdout.print("[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake.", highlight=False)
+        stdout.print("[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake.")
     else:
-        stdout.print("[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own.", highlight=False)
+        stdout.print("[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own.")
     fix = data["fix"]
     if fix:
-        stdout.print(f"[bold]fix[/] ({'verified' if fix['verified'] else 'NOT verified'}):", highlight=False)
+        stdout.print(f"[bold]fix[/] ({'verified' if fix['verified'] else 'NOT verified'}):")
         for change in fix["changes"]:
-            stdout.print(f"  - {change['text']}", highlight=False)
+            stdout.print(f"  - {change['text']}")
         if fix["alternative"]:
-            stdout.print(f"  [dim]or:[/] {fix['alternative']}", highlight=False)
-        stdout.print(f"[bold]does it matter?[/] {fix['matters']}", highlight=False)
+            stdout.print(f"  [dim]or:[/] {fix['alternative']}")
+        stdout.print(f"[bold]does it matter?[/] {fix['matters']}")
     live = data.get("live")
     if live:
         state = "[green]transfer ok[/]" if live["ok"] else "[red]transfer FAILED[/]"
@@ -64,18 +63,17 @@ def _render(data: dict) -> None:
             f"store hostname {live['store'].get('hostname')} "
             f"({'the engine passed in' if live.get('uses_shared_engine') else 'NOT the engine passed in'}), "
             f"{live['seconds']} s",
-            highlight=False,
         )
         for t in live.get("transfers", []):
-            stdout.print(f"  {'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s", highlight=False)
+            stdout.print(f"  {'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s")
         if live.get("error"):
-            stdout.print(f"  [red]{live['error']}[/]", highlight=False)
+            stdout.print(f"  [red]{live['error']}[/]")
         for note in live.get("notes", []):
-            stderr.print(f"[yellow]note:[/] {note}", highlight=False)
+            stderr.print(f"[yellow]note:[/] {note}")
     for warning in data["warnings"]:
-        stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        stderr.print(f"[yellow]warning:[/] {warning}")
     for note in data["notes"]:
-        stderr.print(f"[dim]note:[/] {note}", highlight=False)
+        stderr.print(f"[dim]note:[/] {note}")
 
 
 @sglang_url_option("sglang_version", "server_args")

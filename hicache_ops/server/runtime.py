@@ -107,6 +107,9 @@ class Runtime:
     log_dir: str | None = None
     # Fault injection for training and playbook tests: simulated extra seconds per L3 page read.
     l3_latency_s: float = 0.0
+    # The store client's Mooncake local_hostname: peers dial it to read this segment.
+    local_hostname: str = "127.0.0.1"
+    local_hostname_source: str = "default"
     master: object | None = None
     store: object | None = None
     cache: object | None = None
@@ -133,8 +136,8 @@ class Runtime:
             from ..mooncake.store import StoreClient
             from .l3_health import L3Health
 
-            # This long-lived client owns the segment the objects live in (docs/mooncake.md).
-            self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes)
+            # This long-lived client owns the segment the objects live in (docs/mooncake.md#segments-and-ttl).
+            self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes, local_hostname=self.local_hostname)
             store = self.store
             self.l3_health = L3Health(metrics, on_change=lambda state, reason: store.mark_down(reason if state == "down" else None))
             if self.master is not None:
@@ -209,6 +212,9 @@ class Runtime:
             "master_metrics_address": self.started.get("metrics_address"),
             "master_pid": getattr(self.master, "pid", None),
             "master_log": str(self.master.log_path) if self.master is not None else None,
+            "local_hostname": self.local_hostname,
+            "local_hostname_source": self.local_hostname_source,
+            "segment": self.store.hostname if self.store is not None else None,
         }
 
     def stats(self) -> dict:

@@ -28,21 +28,25 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
         arr = np.asarray(tokens, dtype=np.uint64)
         tree_keys, storage_keys = cache.keys_for(arr, extra_key, cache_salt)
         n = len(tree_keys)
-        matched = cache.tree.match(tree_keys)
-        device = sum(1 for node in matched if node.on_device)
-        host = len(matched) - device
-        detail = {"pages": n, "device_pages": device, "host_pages": host, "trailing_tokens": len(tokens) - n * ps,
-                  "read_only": True}
-        if n and len(matched) == n:
-            t.add("local match", INFO, f"all {n} pages are local (device {device}, host {host}): served from L1/L2, "
-                  "L3 is not consulted", detail=detail,
+        # What a match would find, without splitting nodes or stamping LRU order; SGLang matches
+        # at most input length - 1 tokens (docs/controller.md#match-cap).
+        device, local, _ = cache.tree.local_match(tree_keys)
+        cap = pol.match_cap_pages(len(tokens), ps)
+        local = min(local, cap)
+        device = min(device, local)
+        host = local - device
+        detail = {"pages": n, "device_pages": device, "host_pages": host, "match_cap_pages": cap,
+                  "trailing_tokens": len(tokens) - n * ps, "read_only": True}
+        if cap and local == cap:
+            t.add("local match", INFO, f"all {cap} matchable pages are local (device {device}, host {host}): served "
+                  "from L1/L2, L3 is not consulted", detail=detail,
                   causes=["flush L1/L2 first (POST /flush_cache, or --flush) to trace the L3 path"])
             return t.steps
-        where = "none" if not matched else f"device {device}, host {host}"
+        where = "none" if not local else f"device {device}, host {host}"
         t.add("local match", PASS, f"local match: {where} of {n} pages", detail=detail,
               invariant="device pages form a prefix, host pages continue it")
 
-        pos = len(matched)
+        pos = local
         considered = (n - pos) * ps
         threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
         detail = {"considered_tokens": considered, "threshold": threshold, "first_page": pos,
@@ -152,14 +156,15 @@ def observe_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=Non
         arr = np.asarray(tokens, dtype=np.uint64)
         tree_keys, storage_keys = cache.keys_for(arr, extra_key, cache_salt)
         n = len(tree_keys)
-        matched = cache.tree.match(tree_keys)
-        if matched:
-            t.add("local state", INFO, f"{len(matched)} of {n} pages are already cached (device or host); only the rest "
-                  "would be computed", detail={"device_pages": sum(1 for m in matched if m.on_device),
-                                               "host_pages": sum(1 for m in matched if not m.on_device), "read_only": True})
-        # After this request: matched pages one more hit, computed pages their first.
-        hits_after = [m.hit_count + 1 for m in matched] + [1] * (n - len(matched))
-        pending = [h for m, h in zip(matched + [None] * (n - len(matched)), hits_after) if m is None or not m.backed_up]
+        cached = [page for page in cache.tree.pages_of(tree_keys) if page.device_page >= 0 or page.host_page >= 0]
+        if cached:
+            on_device = sum(1 for page in cached if page.device_page >= 0)
+            t.add("local state", INFO, f"{len(cached)} of {n} pages are already cached (device or host); only the rest "
+                  "would be computed", detail={"device_pages": on_device, "host_pages": len(cached) - on_device,
+                                               "read_only": True})
+        # After this request: cached pages one more hit, computed pages their first.
+        hits_after = [page.hit_count + 1 for page in cached] + [1] * (n - len(cached))
+        pending = [h for page, h in zip(cached + [None] * (n - len(cached)), hits_after) if page is None or not page.backed_up]
         threshold = pol.write_through_threshold(cfg.write_policy)
         due = [h for h in pending if threshold is not None and h >= threshold]
         detail = {"policy": cfg.write_policy, "threshold_hits": threshold, "hit_counts": sorted(set(hits_after)),

@@ -373,9 +373,11 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                       "size_mismatched_objects": len(outcome.size_mismatches),
                       "size_mismatches": outcome.size_mismatches[:5]}
             if failed:
+                # the live diff names a present object's segment that this host cannot reach (another host's)
+                located = diagnose() if diagnose else []
                 t.fail("batch_get_into", f"{len(failed)} page(s) failed to read (an object came back with <= 0 bytes)",
-                       ["the object disappeared between batch_exists and the read (its segment's client left)",
-                        "a lease or RPC failure"], detail={**detail, "failed_pages": failed})
+                       located + ["the object disappeared between batch_exists and the read (its segment's client left)",
+                                  "a lease or RPC failure"], detail={**detail, "failed_pages": failed})
             if corrupt:
                 causes = ["a corrupted or stale object under the right key", "the writer used another host layout, dtype or model"]
                 if outcome.size_mismatches:
