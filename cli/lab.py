@@ -6,19 +6,22 @@ from typing import Annotated
 
 import typer
 
+from .help import HicacheCommand, HicacheGroup, examples
 from .options import JsonOption
 from .output import emit, reporting, stdout
 
-app = typer.Typer(help="Several hosts on one machine (network namespaces, needs root): rehearse cross-host incidents.",
-                  no_args_is_help=True)
+app = typer.Typer(cls=HicacheGroup, help="Several hosts on one machine (network namespaces, needs root): rehearse "
+                  "cross-host incidents.", no_args_is_help=True)
 
 RunDirOption = Annotated[
     str | None,
     typer.Option("--run-dir", help="Folder of the lab's state and logs [default: $HICACHE_LAB_DIR, else /run/hicache-lab].",
-                 show_default=False),
+                 metavar="DIR", show_default=False),
 ]
-HostOption = Annotated[
-    str | None, typer.Option("--host", help="The serve host the fault hits (h1, h2, ...) [default: h1].", show_default=False)
+# Not --host: that is serve's bind address; here it names a lab host.
+OnHostOption = Annotated[
+    str | None, typer.Option("--on", help="The serve host the fault hits (h1, h2, ...) [default: h1].", metavar="HOST",
+                             show_default=False)
 ]
 
 
@@ -38,9 +41,10 @@ def _table(data: dict) -> None:
     stdout.print(f"[dim]state and logs: {data['run_dir']}   stop with: hicache lab down[/]")
 
 
-@app.command("up")
+@app.command("up", cls=HicacheCommand, epilog=examples("sudo hicache lab up --hosts 3", "sudo hicache lab up --json"))
 def up(
-    hosts: Annotated[int, typer.Option("--hosts", help="Hosts h0..h(N-1): h0 runs the master, each other one a serve.")] = 3,
+    hosts: Annotated[int, typer.Option("--hosts", help="Hosts h0..h(N-1): h0 runs the master, each other one a serve.",
+                                       metavar="N")] = 3,
     run_dir: RunDirOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -53,7 +57,7 @@ def up(
         emit(status(run_dir), json_output, _table)
 
 
-@app.command("down")
+@app.command("down", cls=HicacheCommand, epilog=examples("sudo hicache lab down"))
 def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
     """Stop every process and remove every namespace and link the lab created (idempotent)."""
     with reporting(json_output):
@@ -68,7 +72,7 @@ def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
         emit(data, json_output, render)
 
 
-@app.command("status")
+@app.command("status", cls=HicacheCommand, epilog=examples("hicache lab status", "hicache lab status --json"))
 def status(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
     """What runs where: host, namespace, address, process, URL, faults."""
     with reporting(json_output):
@@ -77,11 +81,16 @@ def status(run_dir: RunDirOption = None, json_output: JsonOption = False) -> Non
         emit(lab_status(run_dir), json_output, _table)
 
 
-@app.command("fault")
+@app.command("fault", cls=HicacheCommand, epilog=examples(
+    "sudo hicache lab fault loopback-hostname --on h1",
+    "sudo hicache lab fault slow-link --on h2 --latency-ms 300",
+    "sudo hicache lab fault heal --on h1",
+))
 def fault(
-    name: Annotated[str, typer.Argument(help="loopback-hostname, host-down, partition, master-restart, slow-link or heal.")],
-    host: HostOption = None,
-    latency_ms: Annotated[float, typer.Option("--latency-ms", help="slow-link: extra ms per L3 page read.")] = 200.0,
+    name: Annotated[str, typer.Argument(help="loopback-hostname, host-down, partition, master-restart, slow-link or heal.",
+                                        metavar="FAULT")],
+    host: OnHostOption = None,
+    latency_ms: Annotated[float, typer.Option("--latency-ms", help="slow-link: extra ms per L3 page read.", metavar="MS")] = 200.0,
     run_dir: RunDirOption = None,
     json_output: JsonOption = False,
 ) -> None:

@@ -12,7 +12,7 @@ from hicache_ops.errors import HicacheError, InputError
 from . import bench, inspect, lab, playbook, prefetch, serve, trace, warm
 from . import tap as tap_command
 from . import te as te_command
-from .help import HicacheCommand, HicacheGroup, examples
+from .help import HicacheCommand, HicacheGroup
 from .output import DEBUG_ENV, print_error, stderr
 
 
@@ -59,14 +59,7 @@ app.add_typer(inspect.app, name="inspect")
 app.add_typer(bench.app, name="bench")
 app.command("serve", cls=HicacheCommand, epilog=serve.EXAMPLES)(serve.serve)
 app.add_typer(trace.app, name="trace")
-app.command(
-    "tap",
-    cls=HicacheCommand,
-    epilog=examples(
-        "hicache tap --tp-size 2",
-        "hicache tap --extra-config @extra.json --path /var/tmp/tap.jsonl",
-    ),
-)(tap_command.tap)
+app.command("tap", cls=HicacheCommand, epilog=tap_command.EXAMPLES)(tap_command.tap)
 app.command("warm", cls=HicacheCommand, epilog=warm.EXAMPLES)(warm.warm)
 app.command("prefetch", cls=HicacheCommand, epilog=prefetch.EXAMPLES)(prefetch.prefetch)
 app.add_typer(playbook.app, name="playbook")

@@ -150,6 +150,16 @@ ServerArgsOption = Annotated[
         rich_help_panel=DEPLOYMENT,
     ),
 ]
+ExtraConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--extra-config",
+        help="The deployment's --hicache-storage-backend-extra-config: JSON, or @FILE (.json, .toml, .yaml).",
+        metavar="JSON|@FILE",
+        show_default=False,
+        rich_help_panel=DEPLOYMENT,
+    ),
+]
 MooncakeConfigOption = Annotated[
     str | None,
     typer.Option(

@@ -9,8 +9,14 @@ import typer
 from hicache_ops.sglang.launch import load_extra_config
 from hicache_ops.tap.plan import launch_plan
 
-from .options import JsonOption
+from .help import examples
+from .options import ExtraConfigOption, JsonOption, PpSizeOption, TpSizeOption
 from .output import emit, reporting, stderr, stdout
+
+EXAMPLES = examples(
+    "hicache tap --tp-size 2",
+    "hicache tap --extra-config @extra.json --path /var/tmp/tap.jsonl",
+)
 
 
 def _render(plan: dict) -> None:
@@ -29,15 +35,7 @@ def _render(plan: dict) -> None:
 
 
 def tap(
-    extra_config: Annotated[
-        str | None,
-        typer.Option(
-            "--extra-config",
-            help="Your current --hicache-storage-backend-extra-config (JSON, or @FILE: .json, .toml, .yaml); "
-            "its keys are kept next to the tap's.",
-            show_default=False,
-        ),
-    ] = None,
+    extra_config: ExtraConfigOption = None,
     path: Annotated[
         str | None,
         typer.Option(
@@ -47,15 +45,19 @@ def tap(
             show_default=False,
         ),
     ] = None,
-    tp_size: Annotated[int, typer.Option("--tp-size", help="The server's TP size (names the per-rank files).")] = 1,
-    pp_size: Annotated[int, typer.Option("--pp-size", help="The server's PP size (names the per-rank files).")] = 1,
+    tp_size: TpSizeOption = 1,
+    pp_size: PpSizeOption = 1,
     no_objects: Annotated[
         bool,
         typer.Option("--no-objects", help="Record page keys only, not each Mooncake object key and code."),
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Print the SGLang flags that load the tap: SGLang's MooncakeStore with every call recorded."""
+    """Print the SGLang flags that load the tap: SGLang's MooncakeStore with every call recorded.
+
+    The keys of your --extra-config are kept next to the tap's; --tp-size and --pp-size name the
+    per-rank recording files.
+    """
     with reporting(json_output):
         plan = launch_plan(
             load_extra_config(extra_config, where="--extra-config"), path=path, tp_size=tp_size, pp_size=pp_size, objects=not no_objects

@@ -2,7 +2,9 @@
 
 import typer
 
+from ..help import HicacheCommand, HicacheGroup
 from . import check
 
-app = typer.Typer(help="The shared Mooncake Transfer Engine: will the HiCache store reuse it?", no_args_is_help=True)
-app.command("check")(check.check)
+app = typer.Typer(cls=HicacheGroup, help="The shared Mooncake Transfer Engine: will the HiCache store reuse it?",
+                  no_args_is_help=True)
+app.command("check", cls=HicacheCommand, epilog=check.EXAMPLES)(check.check)

@@ -6,7 +6,32 @@ from typing import Annotated
 
 import typer
 
-from ..options import JsonOption, SglangVersionOption
+from ..help import examples
+from ..options import (
+    DEPLOYMENT,
+    INPUT,
+    ExtraConfigOption,
+    JsonOption,
+    MooncakeConfigOption,
+    ServerArgsOption,
+    SglangVersionOption,
+    TimeoutOption,
+    TpRankOption,
+)
+
+EXAMPLES = examples(
+    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake "
+    "--disaggregation-ib-device mlx5_0' --env MOONCAKE_DEVICE=mlx5_0",
+    "hicache te check --server-args @launch-flags.txt --config mooncake.json --json",
+    "hicache te check --live --tcp",
+)
+# --master-rpc as everywhere, but not read from $MOONCAKE_MASTER: here that variable belongs to the
+# deployment being evaluated (--env), and --live starts its own master unless one is named.
+LiveMasterRpcOption = Annotated[
+    str | None,
+    typer.Option("--master-rpc", help="The Mooncake master's RPC address, HOST:RPC_PORT.", metavar="HOST:PORT",
+                 show_default=False, rich_help_panel=INPUT),
+]
 from ..output import emit, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
 
@@ -78,50 +103,33 @@ def _render(data: dict) -> None:
 
 @sglang_url_option("sglang_version", "server_args")
 def check(
-    server_args: Annotated[
-        str | None,
-        typer.Option(
-            "--server-args",
-            help="SGLang launch flags as one string, or @FILE / a file holding them "
-            "(default: --enable-hierarchical-cache --hicache-storage-backend mooncake).",
-            show_default=False,
-        ),
-    ] = None,
-    extra_config: Annotated[
-        str | None,
-        typer.Option(
-            "--extra-config",
-            help="--hicache-storage-backend-extra-config: JSON, or @FILE (.json, .toml, .yaml), when not in --server-args.",
-            show_default=False,
-        ),
-    ] = None,
-    config: Annotated[
-        str | None,
-        typer.Option("--config", help="The Mooncake config file (stands for SGLANG_HICACHE_MOONCAKE_CONFIG_PATH).", show_default=False),
-    ] = None,
+    server_args: ServerArgsOption = None,
+    extra_config: ExtraConfigOption = None,
+    config: MooncakeConfigOption = None,
     env: Annotated[
         list[str] | None,
-        typer.Option("--env", help="NAME=VALUE of the deployment's environment, over this shell's (repeatable).", show_default=False),
+        typer.Option("--env", help="NAME=VALUE of the deployment's environment, over this shell's (repeatable).",
+                     metavar="NAME=VALUE", show_default=False, rich_help_panel=DEPLOYMENT),
     ] = None,
     sglang_version: SglangVersionOption = None,
-    tp_rank: Annotated[
-        int | None, typer.Option("--tp-rank", help="Only this tp rank (default: every rank of the node).", show_default=False)
-    ] = None,
+    tp_rank: TpRankOption = None,
     live: Annotated[
         bool,
         typer.Option("--live", help="Also prove a transfer through a store client built with engine=te.get_engine() on loopback."),
     ] = False,
-    master: Annotated[
-        str | None,
-        typer.Option("--master", help="With --live: a running mooncake_master's HOST:RPC_PORT (default: start an embedded one).", show_default=False),
-    ] = None,
+    master_rpc: LiveMasterRpcOption = None,
     tcp: Annotated[
         bool, typer.Option("--tcp", help="With --live: run engine and store over TCP (for machines without RDMA).")
     ] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="With --live: seconds for the whole live test.")] = 30.0,
+    timeout: TimeoutOption = 30.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable."""
+    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable.
+
+    --server-args defaults to --enable-hierarchical-cache --hicache-storage-backend mooncake;
+    --extra-config applies when the flags carry none. With --live, --master-rpc names a running
+    master (default: an embedded one) and --timeout bounds the whole live test.
+    """
     with reporting(json_output):
         from hicache_ops.errors import InputError
         from hicache_ops.sglang.launch import parse_env_overrides
@@ -129,8 +137,8 @@ def check(
         from hicache_ops.te.live import live_check
         from hicache_ops.te.report import check_reuse
 
-        if not live and (master is not None or tcp):
-            raise InputError("--master and --tcp only apply with --live.", hint="Add --live, or drop them.")
+        if not live and (master_rpc is not None or tcp):
+            raise InputError("--master-rpc and --tcp only apply with --live.", hint="Add --live, or drop them.")
         if timeout <= 0:
             raise InputError(f"--timeout {timeout:g} must be positive.")
         version = validate_version(sglang_version or default_version())
@@ -148,7 +156,7 @@ def check(
 
             run_env = dict(os.environ)
             run_env.update(overrides)
-            report.live = live_check(report, master=master, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank)
+            report.live = live_check(report, master=master_rpc, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank)
         data = report.to_json()
         emit(data, json_output, _render)
     if not report.eligible or (report.live is not None and not report.live["ok"]):

@@ -1,4 +1,4 @@
-"""`hicache lab fault NAME [--host hK]`: the cross-host failures on-call engineers meet, reproduced.
+"""`hicache lab fault NAME [--on hK]`: the cross-host failures on-call engineers meet, reproduced.
 
   loopback-hostname  hK's serve restarted with MOONCAKE_LOCAL_HOSTNAME=127.0.0.1: the master lists
                      its objects, no other host can read them (they dial their own loopback)

@@ -139,7 +139,7 @@ def split_server_args(text: str, *, comments: bool = False) -> list[str]:
         return list(lexer)
     except ValueError as exc:
         raise InputError(
-            f"the server args are not valid shell words ({exc}).",
+            f"--server-args are not valid shell words ({exc}).",
             hint="Check the quoting, e.g. --hicache-storage-backend-extra-config '{\"device_name\": \"mlx5_0\"}'.",
         ) from None
 

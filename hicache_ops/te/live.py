@@ -78,7 +78,7 @@ def live_check(
     embedded = None
     started = time.monotonic()
     if master is not None:
-        host, port = parse_host_port(master, what="--master")
+        host, port = parse_host_port(master, what="--master-rpc")
         master = format_host_port(host, port)
         tcp_probe(host, port, timeout=min(2.0, timeout), what="Mooncake master RPC service")
     else:

@@ -46,8 +46,8 @@ def test_usage_errors_are_exit_2(tmp_path, args, fragment):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--device", "tpu"], "--device 'tpu'"),
-        (["--device", "cuda:7"], "CUDA device"),
+        (["--device", "tpu"], "'tpu' is not one of"),
+        (["--device", "cuda"], "CUDA device"),
         (["--log-dir", "{file}"], "is a file"),
         (["--host", "999.1.1.1"], "--host '999.1.1.1'"),
         (["--segment-mb", "100000000"], "GiB of memory"),

@@ -12,7 +12,6 @@ from cli_runner import hicache, leaf_commands
 COMMANDS = sorted(leaf_commands())
 GROUPS = ["", "inspect", "bench", "trace", "playbook"]
 # cli/te.py is being split on another branch; its help gets examples and metavars after that merge.
-PENDING_TE_SPLIT = {"te check"}
 WIDE = {"COLUMNS": "240"}  # one example per line, unwrapped
 TYPE_LABEL = re.compile(r"<(str|int|float|bool|list\[\w+\])>")
 
@@ -29,14 +28,14 @@ def examples(text: str) -> list[str]:
     return [line.strip() for line in after.splitlines() if "hicache " in line]
 
 
-@pytest.mark.parametrize("path", [p for p in COMMANDS if p not in PENDING_TE_SPLIT])
+@pytest.mark.parametrize("path", [p for p in COMMANDS])
 def test_help_has_examples_of_this_command(path):
     lines = examples(help_text(path))
     assert 1 <= len(lines) <= 3, lines
     assert all(f"hicache {path}" in line for line in lines), lines
 
 
-@pytest.mark.parametrize("path", [p for p in COMMANDS if p not in PENDING_TE_SPLIT])
+@pytest.mark.parametrize("path", [p for p in COMMANDS])
 def test_every_example_parses(path):
     """Each example's flags exist and its values have the right type and choices (nothing runs)."""
     command = leaf_commands()[path]
@@ -46,7 +45,7 @@ def test_every_example_parses(path):
         command.make_context(path, words)  # raises Typer's usage error on a stale flag
 
 
-@pytest.mark.parametrize("path", [p for p in COMMANDS + GROUPS if p not in PENDING_TE_SPLIT])
+@pytest.mark.parametrize("path", [p for p in COMMANDS + GROUPS])
 def test_help_names_values_not_python_types(path):
     text = help_text(path)
     assert not TYPE_LABEL.search(text), TYPE_LABEL.search(text).group(0)

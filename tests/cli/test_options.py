@@ -16,20 +16,11 @@ DIFFERENT_ON_PURPOSE = {
     ("--l3", "bench replay"): "a simulated L3's capacity, where serve's --l3 says which master backs it",
     ("--limit", "bench replay"): "how many requests of the trace to replay, not how many rows to show",
     ("--sglang-url", "warm"): "the server to warm through (its /generate), not only the one to read the deployment from",
+    ("--concurrency", "bench multiturn"): "clients arriving together, default none (one at a time, the published "
+    "simulation), where warm's is prompts in flight with a default of 4",
     ("--sglang-url", "prefetch"): "prefetch has no deployment options to fill: the serve's settings are compared with it",
 }
-# cli/te.py and cli/tap.py are being split on another branch; their options are aligned with
-# cli/options.py once that branch merges (te check's --master becomes --master-rpc).
-PENDING_TE_TAP_SPLIT = {
-    ("--master", "te check"): "the RPC address there: becomes --master-rpc",
-    ("--server-args", "te check"): "help names te's own default",
-    ("--timeout", "te check"): "bounds the whole live test",
-    ("--extra-config", "te check"): "one declaration for te and tap",
-    ("--extra-config", "tap"): "one declaration for te and tap",
-    ("--tp-size", "tap"): "help names the per-rank files",
-    ("--pp-size", "tap"): "help names the per-rank files",
-}
-EXCEPTIONS = {**DIFFERENT_ON_PURPOSE, **PENDING_TE_TAP_SPLIT}
+EXCEPTIONS = DIFFERENT_ON_PURPOSE
 
 
 def option_uses() -> dict[str, dict[str, tuple]]:

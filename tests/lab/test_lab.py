@@ -115,7 +115,7 @@ def test_reader_host_gets_storage_hits_for_what_the_writer_host_wrote(lab):
 
 def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
-    result = hicache(["lab", "fault", "loopback-hostname", "--host", "h1", "--run-dir", lab["run_dir"], "--json"])
+    result = hicache(["lab", "fault", "loopback-hostname", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     assert _json(result)["host"] == "h1"
     bad_segment = _segment(h1)
@@ -151,7 +151,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     assert finding["evidence"]["segment_problems"][0]["segment"] == bad_segment
     assert "MOONCAKE_LOCAL_HOSTNAME" in finding["fix"]
 
-    healed = hicache(["lab", "fault", "heal", "--host", "h1", "--run-dir", lab["run_dir"], "--json"])
+    healed = hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert healed.exit_code == 0, healed.stdout
     assert _segment(h1).startswith(lab["hosts"][1]["address"] + ":")
     assert _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))["segment_problems"] == []
@@ -159,7 +159,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
 
 def test_partition_cuts_the_master_but_not_the_peers(lab):
     h2 = lab["hosts"][2]
-    result = hicache(["lab", "fault", "partition", "--host", "h2", "--run-dir", lab["run_dir"], "--json"])
+    result = hicache(["lab", "fault", "partition", "--on", "h2", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     try:
         store = _in_namespace(h2["namespace"], "inspect", "store", "--master", lab["master"]["metrics"], "--json")
@@ -175,12 +175,12 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
         # the master still answers from this (root) namespace: a partition, not a dead master
         assert hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]).exit_code == 0
     finally:
-        assert hicache(["lab", "fault", "heal", "--host", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
+        assert hicache(["lab", "fault", "heal", "--on", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
 
 
 def test_slow_link_is_cut_by_the_stop_policy(lab):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
-    result = hicache(["lab", "fault", "slow-link", "--host", "h2", "--latency-ms", "300", "--run-dir", lab["run_dir"], "--json"])
+    result = hicache(["lab", "fault", "slow-link", "--on", "h2", "--latency-ms", "300", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     try:
         tokens, prompt = _prompt(lab, "slow", 35_000)
@@ -190,7 +190,7 @@ def test_slow_link_is_cut_by_the_stop_policy(lab):
         assert data["finding"]["check"] == "6. Slow reads cut by the stop policy", run.stdout
         assert [c["status"] for c in data["checks"][:5]] == ["clear"] * 5
     finally:
-        assert hicache(["lab", "fault", "heal", "--host", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
+        assert hicache(["lab", "fault", "heal", "--on", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
 
 
 def test_master_restart_loses_every_object_and_clients_remount(lab):
@@ -218,7 +218,7 @@ def test_host_down_takes_its_objects_off_the_master(lab):
     segment = _segment(h1["url"])
     with AdminClient(lab["master"]["metrics"]) as admin:
         before = len(admin.get_all_keys())
-    result = hicache(["lab", "fault", "host-down", "--host", "h1", "--run-dir", lab["run_dir"], "--json"])
+    result = hicache(["lab", "fault", "host-down", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     assert not processes.alive(json.loads((Path(lab["run_dir"]) / "lab.json").read_text())["hosts"][1]["process"])
     # until the client TTL runs out the segment stays listed, and nobody can reach it

@@ -343,7 +343,7 @@ def test_cli_config_file_and_extra_config(tmp_path):
         (["--sglang-version", "0.4.0"], {}, "'0.4.0' is not one of"),
         (["--server-args", HICACHE + " --encoder-only --disaggregation-mode prefill"], {}, "contradicts"),
         (["--tcp"], {}, "only apply with --live"),
-        (["--master", "127.0.0.1:1"], {}, "only apply with --live"),
+        (["--master-rpc", "127.0.0.1:1"], {}, "only apply with --live"),
         (["--config", "/a.json"], {"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": "/b.json"}, "contradicts"),
         (["--extra-config", '{"master_server_address": "1.2.3.4:5"}', "--server-args",
           HICACHE + " --hicache-storage-backend-extra-config '{\"master_server_address\": \"5.6.7.8:9\"}'"], {}, "differ"),
@@ -376,7 +376,7 @@ def test_help_imports_no_torch_mooncake_or_sglang():
 
 
 def test_live_against_the_session_master_over_tcp(mooncake_master):
-    res = invoke("--live", "--tcp", "--master", mooncake_master.rpc_address, "--json", "--sglang-version", "0.5.23",
+    res = invoke("--live", "--tcp", "--master-rpc", mooncake_master.rpc_address, "--json", "--sglang-version", "0.5.23",
                  env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
     data = json.loads(res.stdout)
     assert res.exit_code == 1, res.output  # the default deployment is not reused; the live path still works
@@ -397,7 +397,7 @@ def test_live_master_unreachable_exits_3_fast():
     from hicache_ops.mooncake.net import free_port
 
     started = time.monotonic()
-    res = invoke("--live", "--tcp", "--master", f"127.0.0.1:{free_port()}", "--json", "--sglang-version", "0.5.23",
+    res = invoke("--live", "--tcp", "--master-rpc", f"127.0.0.1:{free_port()}", "--json", "--sglang-version", "0.5.23",
                  env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
     assert res.exit_code == 3, res.output
     assert json.loads(res.stdout)["error"]["code"] == "unreachable"
