@@ -30,6 +30,7 @@ def _render(data: dict, show_all: bool = False) -> None:
         f"{sum(r['fetched_pages'] for r in rows)} of {sum(r['hit_pages'] for r in rows)} hit pages fetched, "
         f"{sum(r['bytes'] for r in rows):,} bytes in {sum(r['seconds'] for r in rows) * 1e3:.1f} ms; "
         f"{cut} prompt(s) cut by {data['stop_policy']}",
+        soft_wrap=False,
     )
     # Problem rows first; the primary table fits 100 columns, timings and policies are the --all detail view.
     ordered = unverified + [r for r in rows if r["verified"]]

@@ -65,12 +65,13 @@ def _render(data: dict, show_all: bool = False) -> None:
         f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
         f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; "
         f"{s['pages']} pages, {s['bytes']:,} bytes",
+        soft_wrap=False,
     )
     if data["error"]:
-        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.")
+        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", soft_wrap=False)
     if data["interrupted"]:
         stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
-                     "verified. Rerun to resume: finished prompts are skipped.")
+                     "verified. Rerun to resume: finished prompts are skipped.", soft_wrap=False)
     ordered = sorted(data["prompts"], key=lambda p: _ORDER.index(p["status"]))
     rows, left_out = first_rows(ordered, show_all)
     if not rows:
