@@ -22,9 +22,10 @@ def _render(data: dict, show_all: bool = False) -> None:
     unverified = [r for r in rows if not r["verified"]]
     stdout.print(f"prefetch through {data['serve']} (stop policy {data['stop_policy']})")
     if unverified:
-        stdout.print(f"[bold red]not verified:[/] {len(unverified)} of {len(rows)} prompt(s) brought back no verified page.")
+        stdout.print(f"[bold red]not verified:[/] {len(unverified)} of {len(rows)} prompt(s): a page's bytes differ, or "
+                     "the stop policy cut the prefetch to nothing (see the note).", soft_wrap=False)
     else:
-        stdout.print(f"[bold green]verified:[/] every fetched page of {len(rows)} prompt(s) matched its bytes.")
+        stdout.print(f"[bold green]verified:[/] every page fetched for {len(rows)} prompt(s) holds the bytes written.")
     cut = sum(1 for r in rows if r["policies"].get(data["stop_policy"], {}).get("cut"))
     stdout.print(
         f"{sum(r['fetched_pages'] for r in rows)} of {sum(r['hit_pages'] for r in rows)} hit pages fetched, "
