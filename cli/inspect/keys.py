@@ -54,10 +54,14 @@ def _header(report: KeyReport) -> None:
         f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}",
     )
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
+    for pool in report.to_json()["pools"]:
+        window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
+        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
 
 
 def _objects_per_page(report: KeyReport) -> int:
-    return len(report.pages[0].object_keys) if report.pages else 0
+    # Trailing side pools add objects to the last pages only: budget for the fullest page.
+    return max((len(page.object_keys) for page in report.pages), default=0)
 
 
 def _pages_shown(pages: list, lines_per_page: int, show_all: bool) -> tuple[list, int]:
@@ -83,10 +87,22 @@ def _render_live(report: KeyReport, diff, show_all: bool) -> None:
     incomplete pages before complete ones when the listing is cut."""
     total = len(report.pages)
     verdict = "[bold green]complete[/]" if diff.complete else "[bold red]incomplete[/]"
-    stdout.print(
-        f"{verdict}: contiguous prefix {diff.contiguous_pages}/{total} pages "
-        f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
-    )
+    if diff.pool_hit_pages is None:
+        stdout.print(
+            f"{verdict}: contiguous prefix {diff.contiguous_pages}/{total} pages "
+            f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
+        )
+    else:
+        pools = ", ".join(f"{name} {pages}" for name, pages in diff.pool_hit_pages.items())
+        stdout.print(
+            f"{verdict}: loadable prefix {diff.contiguous_pages}/{total} pages "
+            f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists_v2 returns: "
+            f"KV {diff.kv_contiguous_pages}, {pools}",
+            soft_wrap=False,
+        )
+        if diff.restorable_prefix_pages is not None:
+            stops = diff.restorable_prefix_pages
+            stdout.print(f"[bold]restorable stop points[/] {', '.join(map(str, stops)) or 'none'}", soft_wrap=False)
     if diff.first_missing:
         stdout.print(f"[bold]first missing[/] {diff.first_missing}")
     for entry in diff.diagnosis:
@@ -152,6 +168,29 @@ def keys(
     mla: MlaOption = False,
     layout: LayoutOption = HostLayout.page_first,
     tp_lcm_size: TpLcmSizeOption = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pool",
+            help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
+            "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
+            "Adds its objects to each page (repeatable; docs/side-pools.md).",
+            metavar="NAME[:k=v,...]",
+            show_default=False,
+            rich_help_panel=DEPLOYMENT,
+        ),
+    ] = None,
+    pool_preset: Annotated[
+        str | None,
+        typer.Option(
+            "--pool-preset",
+            help="The side pools of a real hybrid model (sets --mla where the model is MLA): "
+            "deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, deepseek-v3.2, deepseek-v3.2-mtp.",
+            metavar="PRESET",
+            show_default=False,
+            rich_help_panel=DEPLOYMENT,
+        ),
+    ] = None,
     show_all: AllOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -163,8 +202,14 @@ def keys(
     """
     with reporting(json_output):
         from hicache_ops.sglang.host_pool import check_layout_for
+        from hicache_ops.sglang.pools import parse_pool, preset
 
         version = validate_version(value_of(sglang_version) or default_version())
+        pools = [parse_pool(text) for text in pool or ()]
+        if pool_preset is not None:
+            chosen = preset(pool_preset, version)
+            mla = mla or chosen.mla
+            pools = chosen.specs(page_size) + pools
         check_layout_for(layout.value, mla=mla)
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
         deployment = Deployment(
@@ -188,6 +233,7 @@ def keys(
             deployment,
             extra_key=extra_key if extra_key is not None else prompt.extra_key,
             cache_salt=cache_salt if cache_salt is not None else prompt.cache_salt,
+            pools=pools,
         )
         if master is None:
             if try_extra_key or try_cache_salt:

@@ -78,6 +78,19 @@ def _render(data: dict) -> None:
                 f"    [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
                 f"missing {' '.join(row['missing'])}",
             )
+        for pool in group["pools"]:
+            stdout.print(
+                f"    [bold]pool[/] {pool['pool']}  {pool['pages']} pages  complete {pool['complete_pages']}/{pool['pages']}  "
+                f"KV pages without it {pool['kv_pages_without_pool']}  without KV {pool['pages_without_kv']}  "
+                f"suffixes {', '.join(pool['suffixes'])}",
+                highlight=False,
+            )
+            for row in pool["incomplete"]:
+                stdout.print(
+                    f"        [yellow]incomplete[/] {row['page_key']}  has {' '.join(row['present'])}  "
+                    f"missing {' '.join(row['missing'])}",
+                    highlight=False,
+                )
     if data["unified_scheme_keys"]:
         stderr.print(
             f"[yellow]note:[/] {data['unified_scheme_keys']} key(s) follow SGLang's unified key scheme "

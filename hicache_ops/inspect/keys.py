@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..sglang.keys import Deployment, namespace_seed, normalise_namespace, page_keys
+from ..sglang.pools import PoolSpec, check_pool, pool_suffixes
 
 
 @dataclass
@@ -16,6 +17,8 @@ class PageRow:
     end: int
     page_key: str
     object_keys: list[str]
+    # The pool of each object ("kv" for the main pool), parallel to object_keys.
+    object_pools: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -40,6 +43,7 @@ class KeyReport:
     ranks: list[dict]
     pages: list[PageRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pools: list[PoolSpec] = field(default_factory=list)
 
     @property
     def object_keys(self) -> list[str]:
@@ -58,6 +62,10 @@ class KeyReport:
             "ranks": self.ranks,
             "pages": [page.to_json() for page in self.pages],
             "notes": self.notes,
+            "pools": [
+                pool.to_json(list(dict.fromkeys(s for rank in self.ranks for s in rank["pools"][pool.name])))
+                for pool in self.pools
+            ],
         }
 
 
@@ -68,13 +76,23 @@ def expected_keys(
     *,
     extra_key: str | None = None,
     cache_salt: str | None = None,
+    pools: Sequence[PoolSpec] = (),
 ) -> KeyReport:
-    """Every page key and object key SGLang's storage path derives for `tokens`."""
+    """Every page key and object key SGLang's storage path derives for `tokens`.
+
+    Each side pool in `pools` adds its objects to every page, after the KV objects of the same
+    rank, in the order given (docs/side-pools.md#side-pool-object-keys).
+    """
     version = deployment.version
     if len(tokens) == 0:
         raise InputError("the prompt is empty; give at least one page of token ids.")
+    names = [pool.name for pool in pools]
+    if len(set(names)) != len(names):
+        raise InputError(f"a pool is given twice: {', '.join(names)}; SGLang registers each pool once.")
+    for pool in pools:
+        check_pool(pool, version, deployment.mla)
     keys = page_keys(tokens, page_size, version, extra_key=extra_key, cache_salt=cache_salt)
-    schemes = deployment.schemes()
+    schemes = deployment.schemes(every_rank=bool(pools))
     extra_key_n, cache_salt_n = normalise_namespace(version, extra_key, cache_salt)
     report = KeyReport(
         sglang_version=version,
@@ -86,16 +104,26 @@ def expected_keys(
         prompt_tokens=len(tokens),
         trailing_tokens=len(tokens) % page_size,
         ranks=[
-            {"tp_rank": s.tp_rank, "pp_rank": s.pp_rank, "dcp_rank": s.dcp_rank, "suffixes": s.suffixes}
+            {
+                "tp_rank": s.tp_rank,
+                "pp_rank": s.pp_rank,
+                "dcp_rank": s.dcp_rank,
+                "suffixes": s.suffixes,
+                "pools": {pool.name: pool_suffixes(pool, s) for pool in pools},
+            }
             for s in schemes
         ],
+        pools=list(pools),
     )
+    prefix = report.key_prefix
     for index, key in enumerate(keys):
-        objects: list[str] = []
-        for scheme in schemes:
-            objects.extend(k for k in scheme.object_keys(key) if k not in objects)
+        objects: dict[str, str] = {}  # object key -> pool, in order, each once
+        for scheme, rank in zip(schemes, report.ranks):
+            for name, suffixes in [("kv", scheme.suffixes), *rank["pools"].items()]:
+                for suffix in suffixes:
+                    objects.setdefault(f"{prefix}{key}{suffix}", name)
         report.pages.append(
-            PageRow(index, index * page_size, (index + 1) * page_size, key, objects)
+            PageRow(index, index * page_size, (index + 1) * page_size, key, list(objects), list(objects.values()))
         )
     if not keys:
         report.notes.append(
@@ -119,4 +147,21 @@ def expected_keys(
         )
     elif deployment.mla and deployment.tp_size > 1:
         report.notes.append("MLA: only tp rank 0 writes to L3; the other ranks read its objects.")
+    per_rank = [  # pools whose names differ between tp ranks of one pipeline stage
+        p.name for p in pools
+        if any(len({tuple(r["pools"][p.name]) for r in report.ranks if r["pp_rank"] == pp}) > 1 for pp in {r["pp_rank"] for r in report.ranks})
+    ]
+    if deployment.mla and per_rank:
+        names = ", ".join(per_rank)
+        if version == "0.5.14":
+            report.notes.append(
+                f"MLA with side pools named per tp rank ({names}): SGLang 0.5.14 skips every backup on tp ranks "
+                "other than 0, yet each rank looks up its own objects, so those ranks never find theirs and the "
+                "MIN over ranks loads nothing (docs/side-pools.md#side-pool-object-keys)."
+            )
+        else:
+            report.notes.append(
+                f"MLA with side pools named per tp rank ({names}): every tp rank writes its own objects of these "
+                "pools, while only the KV writer writes the KV (docs/side-pools.md#side-pool-object-keys)."
+            )
     return report

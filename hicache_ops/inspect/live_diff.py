@@ -1,13 +1,17 @@
 """The live key diff: which of a prompt's expected objects a Mooncake master holds, and why not.
 
-For every page, `present` says which expected objects exist; `contiguous_pages` is what SGLang's
-`batch_exists` returns over every selected rank (the leading pages whose objects ALL exist; one
-missing `_v` ends the prefix, docs/keys.md#batch_exists), and `first_missing` is the object that ends it. When
-expected objects are absent, the master's key listing is searched for related objects and each
-finding becomes a diagnosis entry:
+For every page, `present` says which expected objects exist. `kv_contiguous_pages` is what SGLang's
+`batch_exists` returns over every selected rank (the leading pages whose KV objects ALL exist; one
+missing `_v` ends the prefix, docs/keys.md#batch_exists). With side pools, `contiguous_pages` is
+what `batch_exists_v2` makes of it per version (each pool's hit policy, intersected over ranks;
+0.5.23 also gives `restorable_prefix_pages`, docs/side-pools.md#loadable-prefix); without, the two
+are equal. `first_missing` is the object that ends the KV prefix, else the first missing side-pool
+object. Each diagnosis is one function in DIAGNOSES that reads a `Lookup` (presence, prefix, and a
+key listing fetched on first use) and returns its entries:
 
   incomplete_page  the page that ends the prefix holds some of its objects, not all
   gap              later pages exist but SGLang never reaches them past the first missing one
+  side_pool_missing  a page's KV objects exist but a side pool's do not (pool, pages, effect)
   other_prefix     the same page keys under another prefix (model name or extra_backend_tag)
   dcp              the same page keys under a 0.5.23 DCP prefix (`..._tp{t}_dcp{d}_page{p}_pp{q}_cp{c}_`)
                    while the lookup had no DCP (docs/keys.md#dcp)
@@ -19,10 +23,11 @@ finding becomes a diagnosis entry:
   other_namespace  the page keys of another extra_key / cache_salt (0.5.23 seeds the chain)
   unreachable_segment  objects SGLang would read are present, but the segment holding them is
                    unreachable from here (segments.py)
-  not_found        none of the above: never written, evicted, lost in a master restart, or gone
+  not_found        no KV object and none of the above: never written, evicted, lost in a master restart, or gone
                    with the segment of a client that closed
 
-Presence takes one /batch_query_keys per 512 objects; the diagnosis one /get_all_keys.
+Presence takes one /batch_query_keys per 512 objects; the diagnoses of missing KV pages one
+/get_all_keys.
 """
 
 from __future__ import annotations
@@ -32,11 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import InputError
-from .keys import Deployment, KeyReport, expected_keys
+from .keys import Deployment, KeyReport, PageRow, expected_keys
 from .segments import unreachable_holders
 from .store import pages_by_prefix
 from ..mooncake.admin import AdminClient
-from ..sglang.keys import dcp_topology
+from ..sglang.keys import ObjectKeyScheme, dcp_topology
 from ..sglang.versions import SUPPORTED_VERSIONS, V0_5_14
 
 
@@ -48,6 +53,9 @@ class LiveDiff:
     first_missing: str | None
     diagnosis: list[dict] = field(default_factory=list)
     store_keys: int | None = None  # size of the key listing, when the diagnosis needed one
+    kv_contiguous_pages: int | None = None  # batch_exists over the KV objects alone
+    restorable_prefix_pages: list[int] | None = None  # 0.5.23 with side pools
+    pool_hit_pages: dict[str, int] | None = None  # with side pools: SGLang's per-pool hits (no entry: none)
 
     @property
     def complete(self) -> bool:
@@ -62,6 +70,10 @@ class LiveDiff:
         report_json["first_missing"] = self.first_missing
         report_json["diagnosis"] = self.diagnosis
         report_json["store_keys"] = self.store_keys
+        report_json["kv_contiguous_pages"] = self.kv_contiguous_pages
+        if self.pool_hit_pages is not None:
+            report_json["restorable_prefix_pages"] = self.restorable_prefix_pages
+            report_json["pool_hit_pages"] = self.pool_hit_pages
         return report_json
 
 
@@ -96,6 +108,153 @@ def _describe_ns(pair: tuple) -> str:
     return f"extra_key={e!r}, cache_salt={s!r}"
 
 
+@dataclass
+class Lookup:
+    """What every diagnosis reads: the expected objects, their presence, the prefix SGLang computes,
+    and (fetched on first use) the master's key listing with the alternates worth searching."""
+
+    tokens: Sequence[int]
+    page_size: int
+    deployment: Deployment
+    admin: AdminClient
+    report: KeyReport
+    present: list[list[bool]]
+    prefix: LoadablePrefix
+    first_missing: str | None
+    extra_key: str | None = None
+    cache_salt: str | None = None
+    try_extra_keys: Sequence[str] = ()
+    try_cache_salts: Sequence[str] = ()
+    _listing: list[str] | None = None
+    _alternates: list[tuple] | None = None
+
+    @property
+    def pages(self) -> list[PageRow]:
+        return self.report.pages
+
+    @property
+    def page_keys(self) -> list[str]:
+        return [p.page_key for p in self.report.pages]
+
+    @property
+    def kv_contiguous(self) -> int:
+        return self.prefix.kv_pages
+
+    @property
+    def schemes(self) -> list[ObjectKeyScheme]:
+        return self.deployment.schemes(every_rank=bool(self.report.pools))
+
+    def kv_present(self, page: int) -> list[tuple[str, bool]]:
+        row = self.pages[page]
+        return [(k, ok) for k, ok, pool in zip(row.object_keys, self.present[page], row.object_pools) if pool == "kv"]
+
+    def kv_ok(self, page: int) -> bool:
+        return all(ok for _, ok in self.kv_present(page))
+
+    @property
+    def missing_pages(self) -> list[int]:
+        """Pages from the KV prefix on that lack a KV object."""
+        return [i for i in range(self.kv_contiguous, len(self.pages)) if not self.kv_ok(i)]
+
+    @property
+    def kv_suffixes(self) -> list[str]:
+        return list(dict.fromkeys(s for scheme in self.schemes for s in scheme.suffixes))
+
+    def alternates(self) -> list[tuple[str, str, Deployment, list[str], str]]:
+        """(kind, label, deployment, page keys, detail) of the other version and namespaces."""
+        if self._alternates is None:
+            dep, out = self.deployment, []
+            for other in SUPPORTED_VERSIONS:
+                if other == dep.version:
+                    continue
+                alt = _with_version(dep, other)
+                try:
+                    keys = expected_keys(self.tokens, self.page_size, alt, extra_key=self.extra_key, cache_salt=self.cache_salt)
+                except InputError:
+                    continue
+                out.append(("other_version", other, alt, [p.page_key for p in keys.pages], f"SGLang {other}"))
+            for pair in _namespaces(dep.version, self.extra_key, self.cache_salt, self.try_extra_keys, self.try_cache_salts):
+                keys = expected_keys(self.tokens, self.page_size, dep, extra_key=pair[0], cache_salt=pair[1])
+                out.append(("other_namespace", _describe_ns(pair), dep, [p.page_key for p in keys.pages], _describe_ns(pair)))
+            self._alternates = out
+        return self._alternates
+
+    def listing(self) -> list[str]:
+        """The master's whole key listing, fetched once."""
+        if self._listing is None:
+            self._listing = self.admin.get_all_keys()
+        return self._listing
+
+    def index(self) -> dict[str, dict[str, set[str]]]:
+        """page key -> prefix -> suffixes in the listing, for this prompt's and the alternates' page keys."""
+        wanted = set(self.page_keys)
+        for *_, keys, _ in self.alternates():
+            wanted.update(keys)
+        return pages_by_prefix(self.listing(), wanted)
+
+
+@dataclass
+class LoadablePrefix:
+    """What SGLang's batch_exists / batch_exists_v2 return over every selected rank
+    (docs/side-pools.md#loadable-prefix)."""
+
+    kv_pages: int
+    pages: int
+    restorable: list[int] | None  # 0.5.23 with side pools: the stop points every rank can restore
+    pool_hit_pages: dict[str, int]  # SGLang's extra_pool_hit_pages without kv: the least over ranks
+
+
+def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[list[bool]]) -> LoadablePrefix:
+    """Per rank as `batch_exists_v2` does it (KV prefix, then each pool's hit policy), intersected over ranks.
+
+    Like SGLang, a rank stops looking at further pools once nothing is loadable, so those pools
+    report no hit.
+    """
+    flag_of = {k: ok for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags)}
+    prefix = report.key_prefix
+    page_keys = [p.page_key for p in report.pages]
+    old = deployment.version == V0_5_14
+    kv_pages_all, final_all, hits_all = [], [], []
+    restorable_all: set[int] | None = None
+    for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks):
+        def page_exists(suffixes: list[str], pages: int) -> list[bool]:
+            return [all(flag_of[f"{prefix}{page_keys[i]}{s}"] for s in suffixes) for i in range(pages)]
+
+        kv_pages = _leading(page_exists(scheme.suffixes, len(page_keys)))
+        kv_pages_all.append(kv_pages)
+        restorable = set(range(1, kv_pages + 1))
+        final = kv_pages
+        hits: dict[str, int] = {}
+        for pool in report.pools:
+            if not (final if old else restorable):
+                break
+            stops = _pool_stop_points(page_exists(rank["pools"][pool.name], kv_pages), pool.trailing_pages)
+            if stops:
+                hits[pool.name] = max(stops)
+            restorable &= stops
+            final = min(final, max(stops, default=0))
+        final_all.append(final if old else max(restorable, default=0))
+        hits_all.append(hits)
+        restorable_all = restorable if restorable_all is None else restorable_all & restorable
+    kv = min(kv_pages_all)
+    if not report.pools:
+        return LoadablePrefix(kv, kv, None, {})
+    pool_hits = {p.name: min(h.get(p.name, 0) for h in hits_all) for p in report.pools}
+    pool_hits = {name: pages for name, pages in pool_hits.items() if pages}
+    if old:
+        return LoadablePrefix(kv, min(final_all), None, pool_hits)
+    stops = sorted(restorable_all or ())
+    return LoadablePrefix(kv, stops[-1] if stops else 0, stops, pool_hits)
+
+
+def _pool_stop_points(exists: list[bool], trailing: int | None) -> set[int]:
+    """The prefix lengths a pool can serve: all_pages up to its first missing page; trailing_pages
+    every length whose last `trailing` pages exist."""
+    if trailing is None:
+        return set(range(1, _leading(exists) + 1))
+    return {n for n in range(1, len(exists) + 1) if all(exists[max(0, n - trailing) : n])}
+
+
 def live_diff(
     tokens: Sequence[int],
     page_size: int,
@@ -111,263 +270,326 @@ def live_diff(
     """Compare the expected objects of `tokens` with what the master at `admin` holds."""
     if report is None:
         report = expected_keys(tokens, page_size, deployment, extra_key=extra_key, cache_salt=cache_salt)
-    pages = report.pages
-    flat = report.object_keys
-    exists = admin.exists(flat)
+    exists = admin.exists(report.object_keys)
     present: list[list[bool]] = []
     at = 0
-    for page in pages:
+    for page in report.pages:
         present.append(exists[at : at + len(page.object_keys)])
         at += len(page.object_keys)
-    page_ok = [all(p) for p in present]
-    contiguous = _leading(page_ok)
-    first_missing = None
-    if contiguous < len(pages):
-        row = pages[contiguous]
-        first_missing = row.object_keys[present[contiguous].index(False)]
-    diff = LiveDiff(admin.address, present, contiguous, first_missing)
-    readable_prefix = [k for page in pages[:contiguous] for k in page.object_keys]
+    prefix = loadable_prefix(report, deployment, present)
+    first_missing = next((k for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags) if not ok), None)
+    if prefix.kv_pages < len(report.pages):  # the object that ends the KV prefix, as batch_exists stops there
+        row = report.pages[prefix.kv_pages]
+        first_missing = next(
+            k for k, ok, pool in zip(row.object_keys, present[prefix.kv_pages], row.object_pools) if pool == "kv" and not ok
+        )
+    diff = LiveDiff(admin.address, present, prefix.pages, first_missing, kv_contiguous_pages=prefix.kv_pages)
+    if report.pools:
+        diff.restorable_prefix_pages = prefix.restorable
+        diff.pool_hit_pages = prefix.pool_hit_pages
+    # Present is not readable when the segment holding an object cannot be reached from here.
+    readable_prefix = [k for page in report.pages[: prefix.pages] for k in page.object_keys]
     diff.diagnosis.extend(unreachable_holders(admin, readable_prefix))
     if first_missing is None:
         return diff
+    lookup = Lookup(tokens, page_size, deployment, admin, report, present, prefix, first_missing, extra_key, cache_salt,
+                    try_extra_keys, try_cache_salts)
+    for diagnose in DIAGNOSES:
+        diff.diagnosis.extend(diagnose(lookup, diff.diagnosis))
+    diff.store_keys = len(lookup._listing) if lookup._listing is not None else None
+    return diff
 
-    n = len(pages)
-    missing_pages = [i for i in range(contiguous, n) if not page_ok[i]]
-    partial = present[contiguous]
-    if any(partial):
-        have = sum(partial)
-        diff.diagnosis.append(
-            {
-                "kind": "incomplete_page",
-                "page": contiguous,
-                "present": have,
-                "expected": len(partial),
-                "missing": [k for k, ok in zip(pages[contiguous].object_keys, partial) if not ok],
-                "message": f"page {contiguous} holds {have} of its {len(partial)} objects; "
-                f"{first_missing} is missing, so SGLang's batch_exists stops at {contiguous} pages.",
-                "hint": "An interrupted write, an object evicted or removed on its own, or one rank that did not write.",
-            }
-        )
-    # Some ranks wrote every missing page and others none: a writer with another TP/PP layout.
-    flag_of = dict(zip(flat, exists))
+
+# -- diagnoses: each reads the lookup (and the entries before it) and returns its entries ----------
+
+
+def incomplete_page(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """The page that ends the KV prefix holds some of its KV objects, not all."""
+    at = lookup.kv_contiguous
+    if at >= len(lookup.pages):
+        return []
+    objects = lookup.kv_present(at)
+    have = sum(ok for _, ok in objects)
+    if not have:
+        return []
+    return [{
+        "kind": "incomplete_page",
+        "page": at,
+        "present": have,
+        "expected": len(objects),
+        "missing": [k for k, ok in objects if not ok],
+        "message": f"page {at} holds {have} of its {len(objects)} objects; "
+        f"{lookup.first_missing} is missing, so SGLang's batch_exists stops at {at} pages.",
+        "hint": "An interrupted write, an object evicted or removed on its own, or one rank that did not write.",
+    }]
+
+
+def missing_ranks(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """Some ranks wrote every missing page and others none: a writer with another TP/PP layout."""
+    missing = lookup.missing_pages
+    if not missing:
+        return []
+    flag_of = {k: ok for row, flags in zip(lookup.pages, lookup.present) for k, ok in zip(row.object_keys, flags)}
     rank_complete: dict[str, bool] = {}
-    for scheme in deployment.schemes():
+    schemes = lookup.schemes
+    for scheme in schemes:
         label = f"tp{scheme.tp_rank}" + (f"/pp{scheme.pp_rank}" if scheme.pp_size > 1 else "")
-        flags = [flag_of.get(k, False) for i in missing_pages for k in scheme.object_keys(pages[i].page_key)]
+        flags = [flag_of.get(k, False) for i in missing for k in scheme.object_keys(lookup.pages[i].page_key)]
         rank_complete[label] = all(flags) if flags else False
         if any(flags) and not all(flags):
             rank_complete.pop(label)  # mixed: not a clean rank split
     whole = [r for r, ok in rank_complete.items() if ok]
     none = [r for r, ok in rank_complete.items() if not ok]
-    if whole and none and len(whole) + len(none) == len(deployment.schemes()):
-        diff.diagnosis.append(
-            {
-                "kind": "missing_ranks",
-                "ranks_present": whole,
-                "ranks_missing": none,
-                "message": f"every missing page has all objects of rank(s) {', '.join(whole)} and none of "
-                f"{', '.join(none)}: the writer ran another TP/PP layout (its rank 0 objects even share names "
-                "with this deployment's but hold another head split).",
-                "hint": "Share L3 only between deployments with the same tp/pp sizes (or page_head with tp_lcm_size).",
-            }
-        )
-    later = [i for i in range(contiguous + 1, n) if page_ok[i]]
-    if later:
-        diff.diagnosis.append(
-            {
-                "kind": "gap",
-                "pages": len(later),
-                "first": later[0],
-                "message": f"{len(later)} later page(s) (from page {later[0]}) are complete, but SGLang "
-                f"never reads past the first missing page {contiguous}.",
-                "hint": "Those pages are dead weight in L3 until the gap is rewritten.",
-            }
-        )
+    if not (whole and none and len(whole) + len(none) == len(schemes)):
+        return []
+    return [{
+        "kind": "missing_ranks",
+        "ranks_present": whole,
+        "ranks_missing": none,
+        "message": f"every missing page has all objects of rank(s) {', '.join(whole)} and none of "
+        f"{', '.join(none)}: the writer ran another TP/PP layout (its rank 0 objects even share names "
+        "with this deployment's but hold another head split).",
+        "hint": "Share L3 only between deployments with the same tp/pp sizes (or page_head with tp_lcm_size).",
+    }]
 
-    # -- related objects, from one listing ------------------------------------------------------
-    schemes = deployment.schemes()
-    expected_prefix = report.key_prefix
-    expected_suffixes = [s for scheme in schemes for s in scheme.suffixes]
-    expected_set = set(expected_suffixes)
-    page_keys = [p.page_key for p in pages]
-    wanted = set(page_keys)
 
-    alternates: list[tuple[str, str, Deployment, list[str], str]] = []  # kind, label, deployment, keys, detail
-    for other in SUPPORTED_VERSIONS:
-        if other == deployment.version:
+def gap(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """Later pages hold their KV objects but SGLang never reads past the first missing one."""
+    at = lookup.kv_contiguous
+    later = [i for i in range(at + 1, len(lookup.pages)) if lookup.kv_ok(i)]
+    if at >= len(lookup.pages) or not later:
+        return []
+    return [{
+        "kind": "gap",
+        "pages": len(later),
+        "first": later[0],
+        "message": f"{len(later)} later page(s) (from page {later[0]}) are complete, but SGLang "
+        f"never reads past the first missing page {at}.",
+        "hint": "Those pages are dead weight in L3 until the gap is rewritten.",
+    }]
+
+
+def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """KV present, a side pool's objects missing: one entry per pool, naming its pages."""
+    out = []
+    for pool in lookup.report.pools:
+        pages: list[int] = []
+        missing_first: list[str] = []
+        for i in range(lookup.kv_contiguous):
+            row = lookup.pages[i]
+            gone = [k for k, ok, name in zip(row.object_keys, lookup.present[i], row.object_pools) if name == pool.name and not ok]
+            if gone:
+                pages.append(i)
+                missing_first = missing_first or gone
+        if not pages:
             continue
-        dep = _with_version(deployment, other)
-        try:
-            keys_other = [p.page_key for p in expected_keys(tokens, page_size, dep, extra_key=extra_key, cache_salt=cache_salt).pages]
-        except InputError:
-            continue
-        alternates.append(("other_version", other, dep, keys_other, f"SGLang {other}"))
-    for pair in _namespaces(deployment.version, extra_key, cache_salt, try_extra_keys, try_cache_salts):
-        keys_ns = [p.page_key for p in expected_keys(tokens, page_size, deployment, extra_key=pair[0], cache_salt=pair[1]).pages]
-        alternates.append(("other_namespace", _describe_ns(pair), deployment, keys_ns, _describe_ns(pair)))
-    for *_, keys_alt, _ in alternates:
-        wanted.update(keys_alt)
+        served = lookup.prefix.pool_hit_pages.get(pool.name, 0)
+        window = f"the last {pool.trailing_pages} page(s) before a stop point" if pool.trailing_pages else "every page of the prefix"
+        effect = (
+            f"this pool alone serves {served} of the {lookup.kv_contiguous} KV pages"
+            if pool.trailing_pages is None or lookup.deployment.version == V0_5_14
+            else f"this pool alone can stop at {served} at most; SGLang loads {lookup.prefix.pages} pages "
+            f"(restorable stop points: {_ranges(lookup.prefix.restorable or [])})"
+        )
+        out.append({
+            "kind": "side_pool_missing",
+            "pool": pool.name,
+            "hit_policy": pool.hit_policy,
+            "trailing_pages": pool.trailing_pages,
+            "pages": pages,
+            "page": pages[0],
+            "missing": missing_first,
+            "pool_hit_pages": served,
+            "message": f"the KV objects of page {pages[0]} are present but its {pool.name} object(s) "
+            f"{', '.join(missing_first)} are missing ({len(pages)} page(s) in all); {pool.name} needs {window}: {effect}.",
+            "hint": "The side pool was written by another configuration (no speculative/hybrid pools, another "
+            "conv/temporal shape or window), its write failed, or its objects were evicted on their own.",
+        })
+    return out
 
-    listing = admin.get_all_keys()
-    diff.store_keys = len(listing)
-    index = pages_by_prefix(listing, wanted)
-    listed = set(listing)
-    found_any = False
 
-    # Same page keys under other prefixes.
+def other_prefix(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """The same page keys under another prefix (model name, tag, or a DCP topology)."""
+    missing = lookup.missing_pages
+    if not missing:
+        return []
+    index, page_keys, expected = lookup.index(), lookup.page_keys, lookup.report.key_prefix
+    kv_set = set(lookup.kv_suffixes)
     by_prefix: Counter[str] = Counter()
     suffixes_by_prefix: dict[str, set[str]] = {}
-    for i in missing_pages:
+    for i in missing:
         for prefix, suffixes in index.get(page_keys[i], {}).items():
-            if prefix != expected_prefix:
+            if prefix != expected:
                 by_prefix[prefix] += 1
                 suffixes_by_prefix.setdefault(prefix, set()).update(suffixes)
-    # A prefix that is exactly what the other SGLang version names these pages with is a version
-    # mismatch (reported below as other_version), not a model-name or tag mismatch.
-    version_prefixes = {dep.schemes()[0].prefix for kind, _, dep, keys_alt, _ in alternates
-                        if kind == "other_version" and keys_alt == page_keys}
-    for prefix in version_prefixes:
-        by_prefix.pop(prefix, None)
+    # A prefix that is exactly how the other SGLang version names these pages is a version mismatch
+    # (reported by other_version_or_namespace), not a model-name or tag mismatch.
+    same_keys_other_version = [dep for kind, _, dep, keys_alt, _ in lookup.alternates()
+                               if kind == "other_version" and keys_alt == page_keys]
+    for dep in same_keys_other_version:
+        by_prefix.pop(dep.schemes()[0].prefix, None)
     # A 0.5.14 reader prefixes with the tag only: when 0.5.23 computes the same page keys, another
     # prefix is a 0.5.23 writer's model prefix, which is a version mismatch first.
-    newer_same_keys = [dep for kind, _, dep, keys_alt, _ in alternates
-                       if kind == "other_version" and keys_alt == page_keys and dep.version != deployment.version
-                       and deployment.version == V0_5_14]
-    runs = {p: _leading([expected_set <= index.get(k, {}).get(p, set()) for k in page_keys]) for p in by_prefix}
+    newer = [dep.version for dep in same_keys_other_version if lookup.deployment.version == V0_5_14]
+    runs = {p: _leading([kv_set <= index.get(k, {}).get(p, set()) for k in page_keys]) for p in by_prefix}
+    out = []
     for prefix in sorted(by_prefix, key=lambda p: (-runs[p], -by_prefix[p], p)):
         count, run = by_prefix[prefix], runs[prefix]
         found = sorted(suffixes_by_prefix[prefix])
-        same = set(found) == expected_set
-        found_any = True
         topology = dcp_topology(prefix)
-        if topology is not None and deployment.dcp_size == 1:
-            diff.diagnosis.append(_dcp_entry(prefix, topology, count, found, deployment, page_keys, index))
-        elif newer_same_keys:
-            newer = newer_same_keys[0].version
-            diff.diagnosis.append(
-                {
-                    "kind": "other_version",
-                    "sglang_version": newer,
-                    "prefix": prefix,
-                    "pages": count,
-                    "contiguous_pages": run,
-                    "message": f"{count} missing page(s) exist under the prefix {prefix!r}, the model prefix SGLang {newer} "
-                    f"adds and {deployment.version} never writes; contiguous {run}.",
-                    "hint": f"The writer ran SGLang {newer}: pass --sglang-version {newer} and its --model-name "
-                    f"(and --extra-backend-tag) so the prefix is {prefix!r}.",
-                }
-            )
+        if topology is not None and lookup.deployment.dcp_size == 1:
+            out.append(_dcp_entry(prefix, topology, count, found, lookup.deployment, page_keys, index))
             continue
-        diff.diagnosis.append(
-            {
-                "kind": "other_prefix",
+        if newer:
+            out.append({
+                "kind": "other_version",
+                "sglang_version": newer[0],
                 "prefix": prefix,
                 "pages": count,
                 "contiguous_pages": run,
-                "suffixes": found,
-                "message": f"{count} missing page(s) exist under the prefix {prefix or '(none)'!r} instead of "
-                f"{expected_prefix or '(none)'!r}"
-                + ("" if same else f" (with suffixes {', '.join(found)})")
-                + f"; with that prefix the contiguous prefix would be {run} pages.",
-                "hint": _prefix_hint(prefix, deployment),
-            }
-        )
+                "message": f"{count} missing page(s) exist under the prefix {prefix!r}, the model prefix SGLang "
+                f"{newer[0]} adds and {lookup.deployment.version} never writes; contiguous {run}.",
+                "hint": f"The writer ran SGLang {newer[0]}: pass --sglang-version {newer[0]} and its --model-name "
+                f"(and --extra-backend-tag) so the prefix is {prefix!r}.",
+            })
+            continue
+        out.append({
+            "kind": "other_prefix",
+            "prefix": prefix,
+            "pages": count,
+            "contiguous_pages": run,
+            "suffixes": found,
+            "message": f"{count} missing page(s) exist under the prefix {prefix or '(none)'!r} instead of "
+            f"{expected or '(none)'!r}"
+            + ("" if set(found) == kv_set else f" (with suffixes {', '.join(found)})")
+            + f"; with that prefix the contiguous prefix would be {run} pages.",
+            "hint": _prefix_hint(prefix, lookup.deployment),
+        })
+    return out
 
-    # Same page keys and prefix, other suffixes: MLA vs MHA, or other ranks.
-    other_suffixes: Counter[str] = Counter()
-    for i in missing_pages:
-        for suffix in index.get(page_keys[i], {}).get(expected_prefix, set()) - expected_set:
-            other_suffixes[suffix] += 1
-    if other_suffixes:
-        found_any = True
-        if deployment.mla:
-            # An MLA writer leaves one K per page; an MHA writer K and V pairs.
-            if any(s.endswith("_v") for s in other_suffixes):
-                mha = sorted(s for s in other_suffixes if s.endswith("_v") or s[:-2] + "_v" in other_suffixes)
-                diff.diagnosis.append(
-                    {
-                        "kind": "mla_vs_mha",
-                        "found": mha,
-                        "pages": max(other_suffixes[s] for s in mha),
-                        "message": f"the page keys exist with MHA suffixes ({', '.join(mha)}: K and V per rank), "
-                        f"but an MLA deployment writes one {expected_suffixes[0]} object per page.",
-                        "hint": "Drop --mla: the writer ran an MHA model.",
-                    }
-                )
-                for suffix in mha:
-                    other_suffixes.pop(suffix)
-        elif "__k" in other_suffixes:
-            diff.diagnosis.append(
-                {
-                    "kind": "mla_vs_mha",
-                    "found": ["__k"],
-                    "pages": other_suffixes.pop("__k"),
-                    "message": "the page keys exist with the MLA suffix `__k` (one object per page), but an MHA "
-                    f"deployment writes {', '.join(expected_suffixes)}.",
-                    "hint": "Pass --mla: the writer ran an MLA model (only tp rank 0 writes).",
-                }
-            )
-        if other_suffixes:
-            diff.diagnosis.append(
-                {
-                    "kind": "other_rank",
-                    "found": sorted(other_suffixes),
-                    "expected": expected_suffixes,
-                    "pages": max(other_suffixes.values()),
-                    "message": f"the page keys exist under the expected prefix with rank suffixes "
-                    f"{', '.join(sorted(other_suffixes))}, not {', '.join(expected_suffixes)}.",
-                    "hint": "Check --tp-size/--tp-rank/--pp-size/--pp-rank (and --tp-lcm-size with page_head) against the writer.",
-                }
-            )
 
-    # The other version's scheme, other namespaces.
-    for kind, label, dep, keys_alt, detail in alternates:
-        if keys_alt == page_keys and dep.schemes()[0].prefix == expected_prefix:
-            continue  # identical object names: nothing to tell apart
+def other_suffixes(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """The same page keys and prefix with other suffixes: the other attention kind, or other ranks."""
+    missing = lookup.missing_pages
+    if not missing:
+        return []
+    index, page_keys = lookup.index(), lookup.page_keys
+    expected = lookup.kv_suffixes
+    known = set(expected)
+    found: Counter[str] = Counter()
+    for i in missing:
+        for suffix in index.get(page_keys[i], {}).get(lookup.report.key_prefix, set()) - known:
+            found[suffix] += 1
+    out = []
+    if lookup.deployment.mla:
+        # An MLA writer leaves one K per page; an MHA writer K and V pairs.
+        if any(s.endswith("_v") for s in found):
+            mha = sorted(s for s in found if s.endswith("_v") or s[:-2] + "_v" in found)
+            out.append({
+                "kind": "mla_vs_mha",
+                "found": mha,
+                "pages": max(found[s] for s in mha),
+                "message": f"the page keys exist with MHA suffixes ({', '.join(mha)}: K and V per rank), "
+                f"but an MLA deployment writes one {expected[0]} object per page.",
+                "hint": "Drop --mla: the writer ran an MHA model.",
+            })
+            for suffix in mha:
+                found.pop(suffix)
+    elif "__k" in found:
+        out.append({
+            "kind": "mla_vs_mha",
+            "found": ["__k"],
+            "pages": found.pop("__k"),
+            "message": "the page keys exist with the MLA suffix `__k` (one object per page), but an MHA "
+            f"deployment writes {', '.join(expected)}.",
+            "hint": "Pass --mla: the writer ran an MLA model (only tp rank 0 writes).",
+        })
+    if found:
+        out.append({
+            "kind": "other_rank",
+            "found": sorted(found),
+            "expected": expected,
+            "pages": max(found.values()),
+            "message": f"the page keys exist under the expected prefix with rank suffixes "
+            f"{', '.join(sorted(found))}, not {', '.join(expected)}.",
+            "hint": "Check --tp-size/--tp-rank/--pp-size/--pp-rank (and --tp-lcm-size with page_head) against the writer.",
+        })
+    return out
+
+
+def other_version_or_namespace(lookup: Lookup, _: list[dict]) -> list[dict]:
+    """The objects the other SGLang version, or another extra_key / cache_salt, would write."""
+    if not lookup.missing_pages:
+        return []
+    listed = set(lookup.listing())
+    out = []
+    for kind, label, dep, keys_alt, detail in lookup.alternates():
         alt_schemes = dep.schemes()
-        flags = []
-        for key in keys_alt:
-            objects = [o for s in alt_schemes for o in s.object_keys(key)]
-            flags.append(all(o in listed for o in objects))
+        if keys_alt == lookup.page_keys and alt_schemes[0].prefix == lookup.report.key_prefix:
+            continue  # identical object names: nothing to tell apart
+        flags = [all(o in listed for s in alt_schemes for o in s.object_keys(key)) for key in keys_alt]
         have = sum(flags)
         if have == 0:
             continue
-        found_any = True
         run = _leading(flags)
-        entry = {
-            "kind": kind,
-            "pages": have,
-            "contiguous_pages": run,
-            "prefix": alt_schemes[0].prefix,
-        }
+        entry = {"kind": kind, "pages": have, "contiguous_pages": run, "prefix": alt_schemes[0].prefix}
         if kind == "other_version":
             entry["sglang_version"] = label
             entry["message"] = (
                 f"{have} page(s) exist as SGLang {label} names them (prefix {alt_schemes[0].prefix or '(none)'!r}"
-                f"{', page keys without the namespace seed' if keys_alt != page_keys else ''}); contiguous {run}."
+                f"{', page keys without the namespace seed' if keys_alt != lookup.page_keys else ''}); contiguous {run}."
             )
             entry["hint"] = f"The writer ran SGLang {label}: pass --sglang-version {label}."
         else:
             entry["namespace"] = detail
             entry["message"] = f"{have} page(s) exist under the namespace {detail}; contiguous {run}."
             entry["hint"] = "The request carried another extra_key / cache_salt than the one given here."
-        diff.diagnosis.append(entry)
+        out.append(entry)
+    return out
 
-    absent = [i for i in missing_pages if not any(present[i])]
-    if absent and not found_any:
-        diff.diagnosis.append(
-            {
-                "kind": "not_found",
-                "pages": len(absent),
-                "first": absent[0],
-                "message": f"{len(absent)} page(s) have none of their objects, and no related object exists under any "
-                "prefix, rank, version or namespace tried.",
-                "hint": "Never written (write policy, e.g. write_through_selective needs a second hit), evicted, "
-                "lost in a master restart, or gone with the segment of a client that closed; "
-                "--try-extra-key / --try-cache-salt test other namespaces.",
-            }
-        )
-    return diff
+
+_RELATED = {"other_prefix", "dcp", "mla_vs_mha", "other_rank", "other_version", "other_namespace"}
+
+
+def not_found(lookup: Lookup, so_far: list[dict]) -> list[dict]:
+    """Pages with none of their KV objects, and nothing related found anywhere."""
+    absent = [i for i in lookup.missing_pages if not any(ok for _, ok in lookup.kv_present(i))]
+    if not absent or any(entry["kind"] in _RELATED for entry in so_far):
+        return []
+    return [{
+        "kind": "not_found",
+        "pages": len(absent),
+        "first": absent[0],
+        "message": f"{len(absent)} page(s) have none of their KV objects, and no related object exists under any "
+        "prefix, rank, version or namespace tried.",
+        "hint": "Never written (write policy, e.g. write_through_selective needs a second hit), evicted, "
+        "lost in a master restart, or gone with the segment of a client that closed; "
+        "--try-extra-key / --try-cache-salt test other namespaces.",
+    }]
+
+
+# In report order; a new diagnosis is one more function here.
+DIAGNOSES = (
+    incomplete_page,
+    missing_ranks,
+    gap,
+    side_pool_missing,
+    other_prefix,
+    other_suffixes,
+    other_version_or_namespace,
+    not_found,
+)
+
+
+def _ranges(stops: list[int]) -> str:
+    """1,2,3,5 -> "1-3, 5"; "none" when empty."""
+    runs: list[list[int]] = []
+    for stop in stops:
+        if runs and stop == runs[-1][-1] + 1:
+            runs[-1].append(stop)
+        else:
+            runs.append([stop])
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
 
 
 def _with_version(dep: Deployment, version: str) -> Deployment:

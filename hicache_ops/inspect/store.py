@@ -7,6 +7,9 @@ ends its prefix with `tp{t}_dcp{d}_page{p}_pp{q}_cp{c}_` and names each DCP shar
 `dcp{r}_cp{s}[_{pp}]` (docs/keys.md#dcp). Keys are grouped by prefix; within a group every page key
 is checked for K/V completeness (each rank that writes a V wrote its K and V) and rank completeness
 (every rank seen in the group wrote the page; for a DCP prefix, every shard its topology names).
+Side-pool objects (docs/side-pools.md#side-pool-object-keys: `_{rank}_temporal`, `_{rank}_conv_{i}`,
+`_{rank}_draft_k`, `__indexer`, `_{rank}_swa_k`, ...) are grouped with their prefix, page and pool;
+each pool reports its completeness and the KV pages it lacks entirely.
 SGLang's warm-up objects (`sglang_mooncake_store_warmup_key<uuid>`, one per client start) are
 counted apart, and so are keys of the unified key scheme (docs/keys.md#unified-key-scheme), which
 no 0.5.23 flag selects; keys of any other shape are "other".
@@ -27,6 +30,13 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RANK_PART = re.compile(r"[A-Za-z0-9]+")
 # {page_key}_ukv{schema}-{16 hex}_L{start}-{end}[_H{head_group}], after any prefix.
 _UNIFIED_KEY = re.compile(r"[0-9a-f]{64}_ukv\d+-[0-9a-f]{16}_L\d+-\d+(?:_H\d+)?$")
+# A side-pool object after its page key: a rank part as SGLang writes it (MHA `{tp}[_{pp}]`, MLA
+# ``, `{pp}` or `dcp{d}_cp{c}[_{pp}]`), then the pool's component.
+_SIDE_OBJECT = re.compile(
+    r"_(?P<rank>(?:\d+(?:_\d+)?|dcp\d+_cp\d+(?:_\d+)?)?)_"
+    r"(?P<component>temporal|conv_\d+|draft_swa_[kv]|draft_swa|draft_indexer|draft_[kv]|swa_[kv]|swa|indexer|deepseek_v4_[a-z0-9_]+)$"
+)
+_SIDE_POOL_OF = {"temporal": "mamba", "conv": "mamba", "draft": "draft", "swa": "swa", "indexer": "indexer"}
 
 _METRIC_NAMES = (
     "master_key_count",
@@ -44,11 +54,43 @@ class ObjectKeyParts:
     prefix: str
     page_key: str
     rank: str  # "0", "0_1", "" (MLA without PP), "dcp0_cp0", ...
-    kv: str  # "k" or "v"
+    kv: str  # "k" or "v"; for a side pool its component ("temporal", "conv_0", "draft_k", "indexer", ...)
+    pool: str = "kv"
 
     @property
     def suffix(self) -> str:
         return f"_{self.rank}_{self.kv}"
+
+
+def _pool_of(component: str) -> str:
+    if component.startswith("deepseek_v4_"):
+        return component
+    if component.startswith(("draft_swa", "draft_indexer")):
+        return component.removesuffix("_k").removesuffix("_v")
+    return _SIDE_POOL_OF[component.split("_")[0]]
+
+
+def _split_side_key(key: str, parts: list[str]) -> tuple[str, str, str, str, str] | None:
+    """(prefix, page key, rank, component, pool) of a side-pool object; None for any other shape."""
+    for i in range(len(parts) - 2, -1, -1):
+        part = parts[i]
+        if len(part) == 64 and _HEX64.fullmatch(part):
+            match = _SIDE_OBJECT.fullmatch("_" + "_".join(parts[i + 1 :]))
+            if match is None:
+                return None
+            component = match["component"]
+            return ("_".join(parts[:i]) + "_" if i else "", part, match["rank"], component, _pool_of(component))
+    return None
+
+
+def _split_any(key: str) -> tuple | None:
+    """A KV split (prefix, page key, rank, k|v) or a side-pool split (..., component, pool)."""
+    parts = key.split("_")
+    if len(parts) >= 3 and (parts[-1] not in ("k", "v") or parts[-2] in ("draft", "swa")):
+        side = _split_side_key(key, parts)
+        if side is not None:
+            return side
+    return _split_key(key)
 
 
 def _split_key(key: str) -> tuple[str, str, str, str] | None:
@@ -75,11 +117,12 @@ def _split_key(key: str) -> tuple[str, str, str, str] | None:
 def parse_object_key(key: str) -> ObjectKeyParts | None:
     """Split an SGLang object key into prefix, page key, rank part and k/v; None for other shapes.
 
+    Side-pool objects come back with their pool and component (docs/side-pools.md).
     Shape: {prefix}{64 hex}_{rank}_{k|v}; the prefix is empty or ends with "_", the rank is
     "_"-joined alphanumeric parts or empty (MLA `__k`). Split on "_" (no backtracking regex:
     this runs over every key a master lists).
     """
-    split = _split_key(key)
+    split = _split_any(key)
     return None if split is None else ObjectKeyParts(*split)
 
 
@@ -93,6 +136,35 @@ class PrefixGroup:
     objects: int = 0
     pages: dict[str, set[str]] = field(default_factory=dict)  # page key -> suffixes present
     suffix_counts: Counter = field(default_factory=Counter)
+    pools: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # pool -> page key -> suffixes
+
+    def pool_summaries(self, limit: int) -> list[dict]:
+        """Per side pool: its suffixes, pages complete (every suffix the pool shows in this group), the
+        pages it holds without KV and the KV pages it lacks entirely."""
+        out = []
+        for name in sorted(self.pools):
+            pages = self.pools[name]
+            counts = Counter(s for suffixes in pages.values() for s in suffixes)
+            want = len(counts)
+            incomplete = [
+                {"page_key": k, "present": sorted(v), "missing": sorted(set(counts) - v)}
+                for k, v in pages.items()
+                if len(v) != want
+            ]
+            without_pool = [k for k in self.pages if k not in pages]
+            out.append({
+                "pool": name,
+                "objects": sum(counts.values()),
+                "pages": len(pages),
+                "suffixes": dict(sorted(counts.items())),
+                "complete_pages": len(pages) - len(incomplete),
+                "incomplete_pages": len(incomplete),
+                "incomplete": incomplete[:limit],
+                "pages_without_kv": sum(1 for k in pages if k not in self.pages),
+                "kv_pages_without_pool": len(without_pool),
+                "kv_pages_without_pool_keys": heapq.nsmallest(limit, without_pool),
+            })
+        return out
 
     def summary(self, limit: int) -> dict:
         ranks_with_v: set[str] = set()
@@ -141,6 +213,7 @@ class PrefixGroup:
             "kv_incomplete_pages": kv_incomplete,
             "incomplete": incomplete,
             "page_keys": heapq.nsmallest(limit, self.pages),
+            "pools": self.pool_summaries(limit),
         }
 
 
@@ -174,18 +247,21 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
         if is_warmup_key(key):
             warmup += 1
             continue
-        split = _split_key(key)
+        split = _split_any(key)
         if split is None:
             if _UNIFIED_KEY.search(key):
                 unified += 1
             else:
                 other.append(key)
             continue
-        prefix, page_key, rank, kv = split
+        prefix, page_key, rank, kv = split[:4]
         group = groups.get(prefix)
         if group is None:
             group = groups[prefix] = PrefixGroup(prefix)
         group.objects += 1
+        if len(split) == 5:
+            group.pools.setdefault(split[4], {}).setdefault(page_key, set()).add(f"_{rank}_{kv}")
+            continue
         suffixes = group.pages.get(page_key)
         if suffixes is None:
             suffixes = group.pages[page_key] = set()
@@ -259,13 +335,13 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
 
 
 def pages_by_prefix(keys: list[str], page_keys: set[str]) -> dict[str, dict[str, set[str]]]:
-    """For the given page keys only: page key -> {prefix -> suffixes present}, from a key listing."""
+    """For the given page keys only: page key -> {prefix -> KV suffixes present}, from a key listing."""
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     disjoint = page_keys.isdisjoint
     for key in keys:
         if disjoint(key.split("_")):  # cheap filter before parsing: holds no wanted page key
             continue
-        split = _split_key(key)
-        if split is not None and split[1] in page_keys:
+        split = _split_any(key)
+        if split is not None and len(split) == 4 and split[1] in page_keys:  # KV objects only
             out[split[1]][split[0]].add(f"_{split[2]}_{split[3]}")
     return out

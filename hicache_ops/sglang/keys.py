@@ -400,8 +400,12 @@ class Deployment:
             if value < 1:
                 raise InputError(f"{flag} {value} must be >= 1 (a deployment has at least one rank).")
 
-    def schemes(self) -> list[ObjectKeyScheme]:
-        """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start."""
+    def schemes(self, *, every_rank: bool = False) -> list[ObjectKeyScheme]:
+        """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start.
+
+        `every_rank` keeps the ranks that only read too: each rank runs its own lookup, which
+        matters for side pools named per rank (docs/side-pools.md#side-pool-object-keys).
+        """
         if self.dcp_size < 1:
             raise InputError(f"dcp-size {self.dcp_size} must be >= 1.")
         if self.dcp_rank is not None and not 0 <= self.dcp_rank < self.dcp_size:
@@ -432,7 +436,7 @@ class Deployment:
                     dcp_size=self.dcp_size,
                     page_size=self.page_size,
                 )
-                if scheme.writes:
+                if scheme.writes or every_rank:
                     out.append(scheme)
         if not out:
             if self.dcp_size > 1:
