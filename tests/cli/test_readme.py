@@ -87,7 +87,9 @@ def test_every_readme_command_ends_with_its_exit_code(serve, tmp_path):
         "/var/tmp/": f"{tmp_path}/",
         ".venv/bin/hicache": HICACHE,
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")}
+    # TMPDIR: what a command keeps in a temporary folder (te check --live keeps its child's log) stays
+    # in this test's folder.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")} | {"TMPDIR": str(tmp_path)}
     ran = 0
     for number, line in readme_lines():
         if not_run_reason(line):
