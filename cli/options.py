@@ -51,6 +51,11 @@ JsonOption = Annotated[
     bool,
     typer.Option("--json", help="Print stable JSON on stdout (diagnostics go to stderr).", rich_help_panel=OUTPUT),
 ]
+AllOption = Annotated[
+    bool,
+    typer.Option("--all", help="Print every row of detail (human output shows the first rows after the verdict).",
+                 rich_help_panel=OUTPUT),
+]
 
 # Input: the prompt
 TokensOption = Annotated[

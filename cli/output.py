@@ -46,6 +46,22 @@ def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
         render(data)
 
 
+# Human output shows this many rows of detail after its verdict; --all shows every row.
+DETAIL_ROWS = 20
+
+
+def first_rows(rows: list, show_all: bool, limit: int = DETAIL_ROWS) -> tuple[list, int]:
+    """The rows to print and how many were left out (none with --all)."""
+    if show_all or len(rows) <= limit:
+        return rows, 0
+    return rows[:limit], len(rows) - limit
+
+
+def print_left_out(left_out: int, what: str = "rows") -> None:
+    if left_out:
+        stdout.print(f"[dim]{left_out} more {what} (use --all or --json)[/]")
+
+
 def error_payload(err: HicacheError) -> dict:
     return {"error": {"code": err.code, "message": err.message, "hint": err.hint}}
 

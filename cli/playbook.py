@@ -59,7 +59,8 @@ def show(
         book = load_playbook(name)
         data = {"name": book.name, "title": book.title, "symptom": book.symptom, "markdown": book.text,
                 "checks": [c.__dict__ for c in book.checks]}
-        emit(data, json_output, lambda d: stdout.print(Markdown(d["markdown"])))
+        # Wrapped at the terminal width, never cut: a run line or a diagnosis must stay whole.
+        emit(data, json_output, lambda d: stdout.print(Markdown(d["markdown"]), soft_wrap=False))
 
 
 RUN_EXAMPLES = examples(
@@ -97,32 +98,35 @@ def run(
 
         book = load_playbook(name)
         values = variables_from(serve, master, config, prompt, server_args, try_extra_key or [], try_cache_salt or [], timeout)
-        if not json_output:
-            stdout.print(f"[bold]{book.title}[/]\n[dim]{book.symptom}[/]")
+        total = len(book.checks)
+        numbers = iter(range(1, total + 1))
 
         def on_check(outcome) -> None:
-            if not json_output:
-                note = f"  [dim]{outcome.note}[/]" if outcome.note else ""
-                stdout.print(f"  {_MARK[outcome.status]}  {outcome.title}{note}")
+            # Progress on stderr only: the verdict, then the checks' list, come on stdout at the end.
+            progress.update(f"check {next(numbers)}/{total} {outcome.title}: {outcome.status}")
 
-        with interrupt.stop_on_signals():
+        with interrupt.stop_on_signals(), stderr.status(f"running {total} checks of {book.name}") as progress:
             result = run_playbook(book, values, on_check=on_check)
         data = result.to_json()
 
         def render(d: dict) -> None:
+            stdout.print(f"[bold]{d['title']}[/]")
             finding = d["finding"]
             if d["interrupted"]:
-                stdout.print(f"\n[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]")
-                return
-            if finding is None:
+                stdout.print(f"[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]")
+            elif finding is None:
                 verdict = "every check is clear" if d["status"] == "pass" else "no finding, but some checks could not run"
-                stdout.print(f"\n[bold green]{verdict}.[/]" if d["status"] == "pass" else f"\n[yellow]{verdict}.[/]")
-                return
-            stdout.print(f"\n[bold red]diagnosis:[/] {finding['diagnosis']}")
-            for path, value in finding["evidence"].items():
-                stdout.print(f"[bold]evidence[/] {path}: {value}")
-            stdout.print(f"[bold green]fix:[/] {finding['fix']}")
-            stderr.print(f"[dim]reproduce: {finding['command']}[/]")
+                stdout.print(f"[bold green]{verdict}.[/]" if d["status"] == "pass" else f"[yellow]{verdict}.[/]")
+            else:
+                stdout.print(f"[bold red]diagnosis:[/] {finding['diagnosis']}", soft_wrap=False)
+                for path, value in finding["evidence"].items():
+                    stdout.print(f"[bold]evidence[/] {path}: {value}", soft_wrap=False)
+                stdout.print(f"[bold green]fix:[/] {finding['fix']}", soft_wrap=False)
+            for outcome in d["checks"]:
+                note = f"  [dim]{outcome['note']}[/]" if outcome["note"] else ""
+                stdout.print(f"  {_MARK[outcome['status']]}  {outcome['title']}{note}", soft_wrap=False)
+            if finding is not None:
+                stderr.print(f"[dim]reproduce: {finding['command']}[/]")
 
         if json_output:
             emit(data, True, render)

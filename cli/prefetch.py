@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from .help import examples
-from .options import CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TimeoutOption, TokenizerOption
-from .output import emit, reporting, stderr, stdout
+from .options import AllOption, CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TimeoutOption, TokenizerOption
+from .output import emit, first_rows, print_left_out, reporting, stderr, stdout
 from .sglang_url import SglangCompareUrlOption, warn_serve_disagreements
 
 EXAMPLES = examples(
@@ -18,16 +18,50 @@ EXAMPLES = examples(
 )
 
 
-def _render(data: dict) -> None:
-    table = Table(title=f"prefetch through {data['serve']}")
-    for col in ("prompt", "tokens", "local", "hit pages", "fetched", "bytes", "ms", "timeout budget s", "cut by", "verified", "note"):
-        table.add_column(col)
-    for r in data["prompts"]:
-        cut = ", ".join(p for p, v in r["policies"].items() if v["cut"]) or "-"
+def _render(data: dict, show_all: bool = False) -> None:
+    rows = data["prompts"]
+    unverified = [r for r in rows if not r["verified"]]
+    stdout.print(f"prefetch through {data['serve']} (stop policy {data['stop_policy']})")
+    if unverified:
+        stdout.print(f"[bold red]not verified:[/] {len(unverified)} of {len(rows)} prompt(s): a page's bytes differ, or "
+                     "the stop policy cut the prefetch to nothing (see the note).", soft_wrap=False)
+    else:
+        stdout.print(f"[bold green]verified:[/] every page fetched for {len(rows)} prompt(s) holds the bytes written.")
+    cut = sum(1 for r in rows if r["policies"].get(data["stop_policy"], {}).get("cut"))
+    stdout.print(
+        f"{sum(r['fetched_pages'] for r in rows)} of {sum(r['hit_pages'] for r in rows)} hit pages fetched, "
+        f"{sum(r['bytes'] for r in rows):,} bytes in {sum(r['seconds'] for r in rows) * 1e3:.1f} ms; "
+        f"{cut} prompt(s) cut by {data['stop_policy']}",
+        soft_wrap=False,
+    )
+    # Problem rows first; the primary table fits 100 columns, timings and policies are the --all detail view.
+    ordered = unverified + [r for r in rows if r["verified"]]
+    shown, left_out = first_rows(ordered, show_all)
+    if not shown:
+        return
+    table = Table()
+    table.add_column("prompt", overflow="fold")
+    for col in ("tokens", "local", "hit pages", "fetched"):
+        table.add_column(col, justify="right")
+    table.add_column("verified", no_wrap=True)
+    table.add_column("note", overflow="fold")
+    for r in shown:
         table.add_row(r["source"], str(r["tokens"]), str(r["local_tokens"]), str(r["hit_pages"]), str(r["fetched_pages"]),
-                      f"{r['bytes']:,}", f"{r['seconds'] * 1e3:.1f}", f"{r['budget_s']:.3f}", cut,
                       "yes" if r["verified"] else "[bold red]NO[/]", r["reason"])
     stdout.print(table)
+    print_left_out(left_out, "prompts")
+    if not show_all:
+        stdout.print("[dim]per-prompt bytes, timings and stop-policy cuts: use --all or --json[/]")
+        return
+    detail = Table(title="timings and stop policies")
+    detail.add_column("prompt", overflow="fold")
+    for col in ("bytes", "ms", "timeout budget s"):
+        detail.add_column(col, justify="right", no_wrap=True)
+    detail.add_column("cut by", overflow="fold")
+    for r in shown:
+        cut_by = ", ".join(p for p, v in r["policies"].items() if v["cut"]) or "-"
+        detail.add_row(r["source"], f"{r['bytes']:,}", f"{r['seconds'] * 1e3:.1f}", f"{r['budget_s']:.3f}", cut_by)
+    stdout.print(detail)
 
 
 def prefetch(
@@ -40,6 +74,7 @@ def prefetch(
     serve: ServeOption = "http://127.0.0.1:18080",
     sglang_url: SglangCompareUrlOption = None,
     timeout: TimeoutOption = 3.0,
+    show_all: AllOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Ask a serve instance to prefetch each prompt from L3 into its host pool; Ctrl-C stops with what was done."""
@@ -62,7 +97,7 @@ def prefetch(
         if sglang_url is not None:
             data["server_disagreements"] = serve_disagreements(report.config, server)
             warn_serve_disagreements(data["server_disagreements"])
-        emit(data, json_output, _render)
+        emit(data, json_output, lambda d: _render(d, show_all))
         if report.interrupted:
             stderr.print(f"[bold yellow]interrupted[/] ({report.interrupted}) after {len(rows)} of {len(items)} prompt(s).")
             raise typer.Exit(interrupt.EXIT_CODE)

@@ -87,6 +87,10 @@ def _panel(info: dict, url: str) -> Panel:
         if info["master_pid"]:
             rows.append(("master", f"pid {info['master_pid']}, log {info['master_log']}"))
         rows.append(("segment", f"{info['segment']} (local_hostname from {info['local_hostname_source']})"))
+        if info["injected_l3_latency_s"]:
+            # A drill setting: say it loudly, or slow L3 reads look like a real fault.
+            latency_ms = info["injected_l3_latency_s"] * 1e3
+            rows.append(("fault", f"[bold yellow]injected L3 latency: +{latency_ms:g} ms per page read[/]"))
         rows.append(("client log", info["client_log"]))
     for name, value in rows:
         table.add_row(name, value)

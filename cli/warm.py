@@ -13,6 +13,7 @@ from hicache_ops.errors import InputError
 from .help import examples
 from .options import (
     INPUT,
+    AllOption,
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
@@ -30,7 +31,7 @@ from .options import (
     TpSizeOption,
     value_of,
 )
-from .output import emit, reporting, stderr, stdout
+from .output import emit, first_rows, print_left_out, reporting, stderr, stdout
 
 EXAMPLES = examples(
     "hicache warm prompts.jsonl --serve http://127.0.0.1:18080",
@@ -41,25 +42,53 @@ EXAMPLES = examples(
 _STYLE = {"written": "green", "present": "cyan", "no_page": "yellow", "not_landed": "bold red", "failed": "bold red", "pending": "dim"}
 
 
-def _render(data: dict) -> None:
-    table = Table(title=f"warm {data['target']}" + (" (dry run)" if data["dry_run"] else ""))
-    for col in ("prompt", "tokens", "pages", "objects", "status", "bytes", "note"):
-        table.add_column(col, justify="right" if col in ("tokens", "pages", "objects", "bytes") else "left")
-    for p in data["prompts"]:
+# Problems first, so the rows a cut listing keeps are the ones worth reading.
+_ORDER = ("failed", "not_landed", "pending", "no_page", "written", "present")
+
+
+def _verdict(data: dict) -> str:
+    s = data["summary"]
+    total = len(data["prompts"])
+    if data["dry_run"]:
+        return f"[bold]dry run:[/] {s['pending']} of {total} prompt(s) would be written ({s['pages']} pages); nothing was written."
+    if data["complete"]:
+        return f"[bold green]complete:[/] every page of {total} prompt(s) is in L3."
+    missing = s["not_landed"] + s["failed"] + s["pending"]
+    return f"[bold red]incomplete:[/] {missing} of {total} prompt(s) are not fully in L3."
+
+
+def _render(data: dict, show_all: bool = False) -> None:
+    stdout.print(f"warm {data['target']}" + (" (dry run)" if data["dry_run"] else ""))
+    stdout.print(_verdict(data))
+    s = data["summary"]
+    stdout.print(
+        f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
+        f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; "
+        f"{s['pages']} pages, {s['bytes']:,} bytes",
+        soft_wrap=False,
+    )
+    if data["error"]:
+        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.", soft_wrap=False)
+    if data["interrupted"]:
+        stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
+                     "verified. Rerun to resume: finished prompts are skipped.", soft_wrap=False)
+    ordered = sorted(data["prompts"], key=lambda p: _ORDER.index(p["status"]))
+    rows, left_out = first_rows(ordered, show_all)
+    if not rows:
+        return
+    table = Table()
+    table.add_column("prompt", overflow="fold")
+    for col in ("tokens", "pages", "objects"):
+        table.add_column(col, justify="right")
+    table.add_column("status", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("note", overflow="fold")
+    for p in rows:
         note = p["reason"] or (f"first missing {p['first_missing']}" if p["first_missing"] else "")
         table.add_row(p["source"], str(p["tokens"]), str(p["pages"]), str(p["objects"]),
                       f"[{_STYLE[p['status']]}]{p['status']}[/]", f"{p['bytes']:,}", note)
     stdout.print(table)
-    s = data["summary"]
-    stdout.print(
-        f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
-        f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; {s['bytes']:,} bytes",
-    )
-    if data["error"]:
-        stderr.print(f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.")
-    if data["interrupted"]:
-        stderr.print(f"[bold yellow]interrupted[/] ({data['interrupted']}): prompts not reached were not written or not "
-                     "verified. Rerun to resume: finished prompts are skipped.")
+    print_left_out(left_out, "prompts")
 
 
 def warm(
@@ -97,6 +126,7 @@ def warm(
     ] = None,
     remove_old: Annotated[bool, typer.Option("--remove-old", help="With --migrate-prefix: remove the originals once verified.")] = False,
     timeout: TimeoutOption = 3.0,
+    show_all: AllOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Fill an L3 namespace with prompts and verify every object landed; Ctrl-C stops with a summary; reruns resume.
@@ -150,7 +180,7 @@ def warm(
                     report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
                                         concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
         data = report.to_json()
-        emit(data, json_output, _render)
+        emit(data, json_output, lambda d: _render(d, show_all))
         if report.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)
         if report.error:

@@ -13,6 +13,7 @@ from hicache_ops.sglang.versions import default_version, validate_version
 from ..help import examples
 from ..options import (
     DEPLOYMENT,
+    AllOption,
     CacheSaltOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
@@ -38,7 +39,7 @@ from ..options import (
     TryExtraKeyOption,
     value_of,
 )
-from ..output import emit, reporting, stderr, stdout
+from ..output import DETAIL_ROWS, emit, first_rows, print_left_out, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
 
 EXAMPLES = examples(
@@ -48,62 +49,80 @@ EXAMPLES = examples(
 )
 
 
-def _render(report: KeyReport) -> None:
-    # Plain lines rather than a table: full keys stay greppable and copyable at any width.
+def _header(report: KeyReport) -> None:
     stdout.print(
         f"SGLang {report.sglang_version}  page size {report.page_size}  "
-        f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}  "
-        f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}",
+        f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}",
     )
+    stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
     for pool in report.to_json()["pools"]:
         window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
-        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}", highlight=False)
-    for page in report.pages:
-        stdout.print(
-            f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}"
-        )
+        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
+
+
+def _objects_per_page(report: KeyReport) -> int:
+    # Trailing side pools add objects to the last pages only: budget for the fullest page.
+    return max((len(page.object_keys) for page in report.pages), default=0)
+
+
+def _pages_shown(pages: list, lines_per_page: int, show_all: bool) -> tuple[list, int]:
+    """Whole pages, as many as fit the detail budget in lines."""
+    return first_rows(pages, show_all, max(1, DETAIL_ROWS // lines_per_page))
+
+
+def _render(report: KeyReport, show_all: bool) -> None:
+    # Plain lines rather than a table: full keys stay greppable and copyable at any width.
+    _header(report)
+    shown, left_out = _pages_shown(report.pages, 1 + _objects_per_page(report), show_all)
+    for page in shown:
+        stdout.print(f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}")
         for key in page.object_keys:
             stdout.print(f"    {key}")
+    print_left_out(left_out, "pages")
     for note in report.notes:
         stderr.print(f"[yellow]note:[/] {note}")
 
 
-def _render_live(report: KeyReport, diff) -> None:
-    """The key listing with each object marked present (+) or missing (-), then the verdict."""
-    stdout.print(
-        f"SGLang {report.sglang_version}  page size {report.page_size}  "
-        f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}  "
-        f"key prefix {report.key_prefix or '(none)'}  master {diff.master}",
-    )
-    for page, present in zip(report.pages, diff.present):
-        mark = "[green]complete[/]" if all(present) else "[red]missing[/]"
-        stdout.print(
-            f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}  {mark}",
-        )
-        for key, ok in zip(page.object_keys, present):
-            stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}")
+def _render_live(report: KeyReport, diff, show_all: bool) -> None:
+    """The verdict first, then the pages with each object marked present (+) or missing (-):
+    incomplete pages before complete ones when the listing is cut."""
     total = len(report.pages)
+    verdict = "[bold green]complete[/]" if diff.complete else "[bold red]incomplete[/]"
     if diff.pool_hit_pages is None:
         stdout.print(
-            f"[bold]contiguous prefix[/] {diff.contiguous_pages}/{total} pages "
+            f"{verdict}: contiguous prefix {diff.contiguous_pages}/{total} pages "
             f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists returns",
         )
     else:
         pools = ", ".join(f"{name} {pages}" for name, pages in diff.pool_hit_pages.items())
         stdout.print(
-            f"[bold]loadable prefix[/] {diff.contiguous_pages}/{total} pages "
+            f"{verdict}: loadable prefix {diff.contiguous_pages}/{total} pages "
             f"({diff.contiguous_pages * report.page_size} tokens), as SGLang's batch_exists_v2 returns: "
             f"KV {diff.kv_contiguous_pages}, {pools}",
+            soft_wrap=False,
         )
         if diff.restorable_prefix_pages is not None:
             stops = diff.restorable_prefix_pages
-            stdout.print(f"[bold]restorable stop points[/] {', '.join(map(str, stops)) or 'none'}")
+            stdout.print(f"[bold]restorable stop points[/] {', '.join(map(str, stops)) or 'none'}", soft_wrap=False)
     if diff.first_missing:
         stdout.print(f"[bold]first missing[/] {diff.first_missing}")
     for entry in diff.diagnosis:
-        stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}")
+        # Prose wraps at the terminal width (the console keeps key lines whole by default).
+        stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}", soft_wrap=False)
         if entry.get("hint"):
-            stdout.print(f"    [dim]hint:[/] {entry['hint']}")
+            stdout.print(f"    [dim]hint:[/] {entry['hint']}", soft_wrap=False)
+    _header(report)
+    stdout.print(f"master {diff.master}")
+    pages = list(zip(report.pages, diff.present))
+    ordered = [p for p in pages if not all(p[1])] + [p for p in pages if all(p[1])]
+    shown, left_out = _pages_shown(ordered, 2 + _objects_per_page(report), show_all)
+    for page, present in sorted(shown, key=lambda p: p[0].index):
+        mark = "[green]complete[/]" if all(present) else "[red]missing[/]"
+        stdout.print(f"[bold]page {page.index}[/] {mark}  tokens [{page.start}, {page.end})")
+        stdout.print(f"    {page.page_key}")
+        for key, ok in zip(page.object_keys, present):
+            stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}")
+    print_left_out(left_out, "pages")
     for note in report.notes:
         stderr.print(f"[yellow]note:[/] {note}")
 
@@ -175,6 +194,7 @@ def keys(
             rich_help_panel=DEPLOYMENT,
         ),
     ] = None,
+    show_all: AllOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Page keys and Mooncake object keys SGLang derives for a prompt.
@@ -223,7 +243,7 @@ def keys(
                 from hicache_ops.errors import InputError
 
                 raise InputError("--try-extra-key and --try-cache-salt need --master.")
-            emit(report.to_json(), json_output, lambda _: _render(report))
+            emit(report.to_json(), json_output, lambda _: _render(report, show_all))
             return
         from hicache_ops.inspect.live_diff import live_diff
         from hicache_ops.mooncake.admin import AdminClient
@@ -241,6 +261,6 @@ def keys(
                 try_cache_salts=try_cache_salt or (),
                 report=report,
             )
-        emit(diff.merge_into(report.to_json()), json_output, lambda _: _render_live(report, diff))
+        emit(diff.merge_into(report.to_json()), json_output, lambda _: _render_live(report, diff, show_all))
     if master is not None and not diff.complete:
         raise typer.Exit(1)

@@ -622,6 +622,16 @@ def _cpus() -> int:
 
 def plot_hit_rates(result: MultiturnResult, path: str) -> str:
     """Hit rate by round: one line per configuration plus the ceiling h_max(r); returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = hit_rate_figure(result)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def hit_rate_figure(result: MultiturnResult):
+    """The figure `plot_hit_rates` saves (the caller closes it)."""
     try:
         import matplotlib
 
@@ -631,20 +641,34 @@ def plot_hit_rates(result: MultiturnResult, path: str) -> str:
         raise InputError(
             "--plot needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
         ) from None
+    from matplotlib.ticker import MaxNLocator
+
     spec = result.spec
     rounds = list(range(spec.rounds))
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=120)
-    ax.plot(rounds, [100 * spec.ceiling(r) for r in rounds], color="black", linestyle="--", linewidth=1.0,
-            label="ceiling $h_{max}(r)$", zorder=5)
-    styles = {"l1": ("tab:red", 2.6), "l1_l2": ("tab:orange", 2.0), "l1_l2_l3": ("tab:blue", 1.4)}
+    fig, ax = plt.subplots(figsize=(11, 5), dpi=120)
+    # The ceiling is a wide pale band under the curves: a configuration that reaches it stays visible.
+    ax.plot(rounds, [100 * spec.ceiling(r) for r in rounds], color="0.6", linewidth=7, alpha=0.35, solid_capstyle="butt",
+            label="ceiling $h_{max}(r)$", zorder=1)
+    # Colour, dash pattern, marker and width all differ, so coinciding curves still tell apart.
+    styles = {
+        "l1": {"color": "tab:red", "linestyle": "-", "marker": "o", "linewidth": 2.4},
+        "l1_l2": {"color": "tab:orange", "linestyle": (0, (6, 3)), "marker": "s", "linewidth": 1.9},
+        "l1_l2_l3": {"color": "tab:blue", "linestyle": (0, (2, 2)), "marker": "^", "linewidth": 1.4},
+    }
     for name in result.runs:
-        color, width = styles[name]
-        ax.plot(rounds, [100 * result.hit_rate(name, r) for r in rounds], color=color, linewidth=width,
-                marker="o", markersize=2.5, label=LABELS[name])
-    for name, cliff in spec.predicted_cliffs().items():
-        if cliff is not None and name in result.runs:
-            ax.axvline(cliff, color=styles[name][0], linestyle=":", linewidth=1,
-                       label=f"{LABELS[name]} pool outgrown (round {cliff})")
+        ax.plot(rounds, [100 * result.hit_rate(name, r) for r in rounds], markersize=3.5, label=LABELS[name],
+                zorder=3, **styles[name])
+    for name, cliff in result.cliffs().items():
+        predicted, leaves = cliff["predicted"], cliff["leaves_ceiling"]
+        color = styles[name]["color"]
+        if predicted is not None:
+            ax.axvline(predicted, color=color, linestyle=":", linewidth=1, zorder=2,
+                       label=f"{LABELS[name]} pool outgrown (round {predicted})")
+        if leaves is not None:
+            y = 100 * result.hit_rate(name, leaves)
+            ax.annotate(f"{LABELS[name]} cliff: round {leaves}", xy=(leaves, y), xytext=(8, 14), textcoords="offset points",
+                        color=color, fontsize=8, arrowprops={"arrowstyle": "->", "color": color, "linewidth": 0.8})
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("prompt-token hit rate (%)")
     ax.set_ylim(-2, 102)
@@ -659,8 +683,7 @@ def plot_hit_rates(result: MultiturnResult, path: str) -> str:
         f"({spec.new_tokens:,} + {spec.output_tokens}) tokens, page {spec.page_size}\n{pools}",
         fontsize=9,
     )
-    ax.legend(loc="lower right", fontsize=9)
+    # Outside the axes: inside, it covers the tail of the curves.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
