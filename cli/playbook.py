@@ -64,7 +64,7 @@ def show(
 
 
 RUN_EXAMPLES = examples(
-    "hicache playbook run no-l3-hit --serve http://127.0.0.1:18080 --prompt '[1, 2, 3, 4]'",
+    "hicache playbook run no-l3-hit --serve http://127.0.0.1:18080 --prompt prompt.jsonl",
     "hicache playbook run te-not-reused --server-args @launch-flags.txt --config mooncake.json",
 )
 
@@ -77,7 +77,7 @@ def run(
     master: MasterOption = None,
     prompt: Annotated[
         str | None,
-        typer.Option("--prompt", help="The prompt: a JSON array of token ids or one JSONL line.", metavar="JSON",
+        typer.Option("--prompt", help="A file holding the prompt: a JSON array of token ids or one JSONL line.", metavar="FILE",
                      show_default=False, rich_help_panel=INPUT),
     ] = None,
     try_extra_key: TryExtraKeyOption = None,
