@@ -148,10 +148,6 @@ class EmbeddedMaster:
         return format_host_port(self.host, self._need(self.metrics_port))
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://{self.metrics_address}"
-
-    @property
     def metadata_server(self) -> str:
         """What clients pass as metadata_server: the HTTP metadata URL, or P2PHANDSHAKE."""
         if self.http_metadata:
