@@ -28,6 +28,7 @@ class PrefetchRow:
     budget_s: float
     verified: bool  # pages were inserted and their bytes matched; False when none were
     reason: str
+    size_mismatched_objects: int = 0  # objects of another deployment's byte count under these keys
     policies: dict = field(default_factory=dict)  # policy -> {"deadline_s", "cut"}
 
     def to_json(self) -> dict:
@@ -80,9 +81,13 @@ def prefetch_prompts(
             bytes=info["bytes"],
             seconds=r["timings_ms"].get("prefetch", 0.0) / 1e3,
             budget_s=budget,
-            verified=r["mismatched_pages"] == 0,
+            verified=r["mismatched_pages"] == 0 and not info["size_mismatched_objects"],
             reason=info["reason"],
+            size_mismatched_objects=info["size_mismatched_objects"],
         )
+        if row.size_mismatched_objects:
+            row.reason = (f"{row.size_mismatched_objects} object(s) read with another deployment's byte count (dtype, heads "
+                          f"or page size differ under the same keys)" + (f"; {row.reason}" if row.reason else ""))
         if info["hit_pages"] and not info["completed_pages"]:
             # The stop policy cut it to nothing: no page was inserted, so nothing was verified.
             row.bytes, row.verified = 0, False

@@ -96,7 +96,7 @@ class BytesPlane:
         self._sync()
         return len(device_pages) * self.bytes_per_page * len(self.ranks)
 
-    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, int]:
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, list[str]]:
         dev = [p + 1 for p in device_pages]
         for pools in self.ranks:
             transfer.load(
@@ -104,7 +104,7 @@ class BytesPlane:
                 layout=self.layout, page_size=self.page_size, unit="page",
             )
         self._sync()
-        bad = sum(0 if self.device_page_ok(p, k) else 1 for p, k in zip(device_pages, storage_keys))
+        bad = [k for p, k in zip(device_pages, storage_keys) if not self.device_page_ok(p, k)]
         return len(device_pages) * self.bytes_per_page * len(self.ranks), bad
 
     def device_page_ok(self, page: int, storage_key: str) -> bool:

@@ -83,6 +83,9 @@ class PrefetchInfo:
     elapsed_s: float = 0.0  # when the last hit page arrived
     timeout_would_cut: bool = False
     mismatched_pages: int = 0
+    # Objects that read a byte count other than this deployment's: another dtype, head count or
+    # page size wrote under the same keys.
+    size_mismatched_objects: int = 0
     bytes: int = 0
 
 
@@ -137,7 +140,8 @@ class CacheStats:
     write_back_backups: int = 0
     dropped_pages: int = 0  # evicted from every tier
     backup_failures: int = 0  # host copies that got no host page, and L3 pages whose write failed
-    mismatched_pages: int = 0
+    mismatched_pages: int = 0  # each corrupt page once: at its L3 read, else at its load-back
+    size_mismatched_objects: int = 0  # L3 objects read with another deployment's byte count
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     bytes_l3_write: int = 0
@@ -234,6 +238,9 @@ class TieredCache:
         self._last_l3_bytes = 0
         self._request_device_evicted = 0
         self._request_host_evicted = 0
+        # Storage keys of pages already counted as mismatched when they arrived from L3: their
+        # load-back finds the same bytes and must not count them again.
+        self._counted_mismatches: set[str] = set()
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict], None] | None = None
 
@@ -747,7 +754,7 @@ class TieredCache:
         moved, bad = self.plane.load(host, pages, keys)
         self.stats.bytes_h2d += moved
         result.bytes_loaded_from_host += moved
-        result.mismatched_pages += bad
+        result.mismatched_pages += sum(1 for key in bad if key not in self._counted_mismatches)
         i = 0
         for node in nodes:
             self.tree.set_device(node, pages[i : i + len(node.keys)])
@@ -834,7 +841,9 @@ class TieredCache:
         outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
         self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
+        info.size_mismatched_objects = len(outcome.size_mismatches)
         self.stats.bytes_l3_read += outcome.nbytes
+        self.stats.size_mismatched_objects += len(outcome.size_mismatches)
         return _Prefetch(pos, info.requested_tokens, host_pages, outcome)
 
     def _land_prefetch(self, hold: _Prefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
@@ -862,6 +871,9 @@ class TieredCache:
         self.host.give_many(host_pages[done:])
         verified = outcome.verified[:done]
         info.mismatched_pages = len(verified) - sum(map(bool, verified))
+        self._counted_mismatches.update(
+            key for key, ok in zip(storage_keys[pos : pos + done], verified) if not ok
+        )
         result.mismatched_pages += info.mismatched_pages
         self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
         if not done:

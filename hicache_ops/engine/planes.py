@@ -21,8 +21,9 @@ class DataPlane(Protocol):
     def backup(self, device_pages: list[int], host_pages: list[int]) -> int:
         """Copy device pages to host pages; return the bytes moved (all ranks)."""
 
-    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, int]:
-        """Copy host pages to device pages, verify them; return (bytes moved, mismatched pages)."""
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, list[str]]:
+        """Copy host pages to device pages, verify them; return (bytes moved, storage keys of the
+        pages whose bytes differ from the reference)."""
 
 
 @dataclass
@@ -74,8 +75,8 @@ class AccountingPlane:
     def backup(self, device_pages, host_pages) -> int:
         return len(device_pages) * self.bytes_per_page
 
-    def load(self, host_pages, device_pages, storage_keys) -> tuple[int, int]:
-        return len(device_pages) * self.bytes_per_page, 0
+    def load(self, host_pages, device_pages, storage_keys) -> tuple[int, list[str]]:
+        return len(device_pages) * self.bytes_per_page, []
 
 
 class MemoryL3:

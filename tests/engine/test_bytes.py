@@ -65,3 +65,23 @@ def test_refuses_pools_larger_than_memory():
     huge = spec(geometry=preset("llama-3.1-70b"), device_tokens=4_000_000)
     with pytest.raises(InputError, match="GiB of host memory"):
         build_bytes(huge)
+
+
+def test_a_corrupt_l3_page_is_counted_once(mooncake_master, mooncake_segment_owner):
+    """Counted when it arrives from L3; its load-back finds the same bytes and must not count it again."""
+    from hicache_ops.mooncake.store import StoreClient
+
+    with StoreClient.connect(mooncake_master.rpc_address) as store:
+        kw = {"model_name": "test/corrupt-once", "stop_policy": "wait_complete"}
+        a = np.arange(70_000, 70_064)
+        writer = build_bytes(spec(**kw), store)
+        writer.prefill(a)  # write_through: every whole page reaches L3
+        scheme = writer.l3.schemes[0]
+        k_key = scheme.object_keys(writer.keys_for(a, None, None)[1][2])[0]
+        data = bytearray(store.get(k_key))
+        data[0] ^= 1
+        store.put(k_key, bytes(data), upsert=True)
+        reader = build_bytes(spec(**kw), store)
+        r = reader.prefill(a)
+        assert r.storage_hit >= 2 * 8 and r.prefetch.mismatched_pages == 1
+        assert r.mismatched_pages == 1 and reader.stats.mismatched_pages == 1

@@ -228,8 +228,17 @@ def test_dtype_mismatch(writer, reader_factory, tmp_path, tmp_path_factory):
     rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
     fp8 = Serve(tmp_path_factory.mktemp("fp8"), *BASE, "--dtype", "fp8_e4m3", "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
     try:
-        code, data = run_book("dtype-mismatch", "--serve", reader.url, "--prompt", prompt(tmp_path, written_by=fp8))
+        written = prompt(tmp_path, written_by=fp8)
+        code, data = run_book("dtype-mismatch", "--serve", reader.url, "--prompt", written)
         assert code == 1 and finding(data) == "1. Objects of another size under this deployment's keys", data
+        # A real prefetch counts the wrong-size objects in its row, the stats and the metrics.
+        before = reader.client.stats()["stats"]["size_mismatched_objects"]
+        result = hicache(["prefetch", written, "--serve", reader.url, "--json"])
+        row = json.loads(result.stdout)["prompts"][0]
+        assert result.exit_code == 1 and row["size_mismatched_objects"] > 0 and not row["verified"], result.stdout
+        after = reader.client.stats()["stats"]["size_mismatched_objects"]
+        assert after - before == row["size_mismatched_objects"]
+        assert f"hicache_l3_size_mismatched_objects_total {float(after)}" in reader.client.metrics()
     finally:
         fp8.stop()
 
