@@ -32,7 +32,7 @@ LiveMasterRpcOption = Annotated[
     typer.Option("--master-rpc", help="The Mooncake master's RPC address, HOST:RPC_PORT.", metavar="HOST:PORT",
                  show_default=False, rich_help_panel=INPUT),
 ]
-from ..output import emit, reporting, stderr, stdout
+from ..output import emit, native_stderr_to_file, reporting, stderr, stdout
 from ..sglang_url import sglang_url_option
 
 
@@ -156,7 +156,10 @@ def check(
 
             run_env = dict(os.environ)
             run_env.update(overrides)
-            report.live = live_check(report, master=master_rpc, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank)
+            # The peer client in this process logs through glog to fd 2: keep it out of the output.
+            with native_stderr_to_file(None, "te_live_mooncake.log"):
+                report.live = live_check(report, master=master_rpc, tcp=tcp, timeout=timeout, env=run_env,
+                                         tp_rank=tp_rank)
         data = report.to_json()
         emit(data, json_output, _render)
     if not report.eligible or (report.live is not None and not report.live["ok"]):

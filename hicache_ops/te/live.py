@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,10 @@ def live_check(
         from ..mooncake.store import StoreClient
 
         deadline = started + timeout
+        # The peer first: its bounded set-up tells a master that accepts but never answers (exit 3)
+        # from a live test that fails.
+        step = "the peer client's set-up"
+        peer = StoreClient.connect(master, segment_size=0, setup_timeout=min(5.0, timeout))
         child_env = dict(run_env)
         child_env.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
         child_env.setdefault("MC_RPC_TIMEOUT_MS", "3000")
@@ -142,9 +147,6 @@ def live_check(
         result["engine"]["session"] = ready["engine_session"]
         result["store"]["hostname"] = ready["store_hostname"]
         result["uses_shared_engine"] = ready["store_hostname"] == ready["engine_session"]
-        step = "the peer client's set-up"
-        remaining = max(1.0, deadline - time.monotonic())
-        peer = StoreClient.connect(master, segment_size=0, setup_timeout=min(5.0, remaining))
         transfers = []
         step = "reading the rank's object through its shared engine"
         t0 = time.monotonic()
@@ -198,6 +200,11 @@ def live_check(
         if embedded is not None:
             embedded.stop()
         result["seconds"] = round(time.monotonic() - started, 3)
+        if not log_path.exists() or not log_path.stat().st_size:  # nothing logged: nothing to keep
+            shutil.rmtree(log_dir, ignore_errors=True)
+    if result["ok"]:  # nothing to read in the child's log; a failure keeps it (its path is in the result)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        result["log"] = None
     return result
 
 

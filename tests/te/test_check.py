@@ -404,6 +404,17 @@ def test_live_master_unreachable_exits_3_fast():
     assert time.monotonic() - started < 10
 
 
+def test_live_against_a_silent_master_exits_3_within_the_timeout(fresh_mooncake_master, freeze_process):
+    """A master that accepts connections but answers nothing is unreachable (exit 3), not a failed test (1)."""
+    freeze_process(fresh_mooncake_master.pid)
+    started = time.monotonic()
+    res = invoke("--live", "--tcp", "--master-rpc", fresh_mooncake_master.rpc_address, "--timeout", "10", "--json",
+                 "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
+    assert res.exit_code == 3, res.output
+    assert fresh_mooncake_master.rpc_address in json.loads(res.stdout)["error"]["message"]
+    assert time.monotonic() - started < 10 + 5
+
+
 @pytest.mark.skipif(bool(rdma_devices()), reason="this machine has RDMA devices")
 def test_live_rdma_without_rdma_hardware_says_so_and_offers_tcp():
     res = invoke("--live", "--json", "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
