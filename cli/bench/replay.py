@@ -153,7 +153,10 @@ class _Progress:
             return
         now = time.monotonic()
         finished = done == total
-        if not finished and now - self.last < (0.2 if self.tty else 5.0):
+        if self.tty:
+            if not finished and now - self.last < 0.2:
+                return
+        elif finished or now - self.last < 5.0:  # the 5 s run on across a sweep's short runs
             return
         self.last = now
         point = f"capacity {run}/{runs}: " if runs > 1 else ""
@@ -161,7 +164,7 @@ class _Progress:
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if finished else ""))
             sys.stderr.flush()
-        elif not finished:
+        else:
             stderr.print(line)
 
 
@@ -209,6 +212,7 @@ def replay(
     --plot draws a --sweep: hit rate against the swept tier's capacity.
     """
     with reporting(json_output):
+        from hicache_ops import interrupt
         from hicache_ops.bench.replay import TIERS, ReplaySpec, parse_l3, parse_sweep, plot_sweep, run_report
         from hicache_ops.bench.replay_trace import load_trace
         from hicache_ops.sglang.versions import default_version
@@ -233,11 +237,14 @@ def replay(
         if plot is not None:
             _check_writable(plot)
         loaded = load_trace(trace, trace_format, limit)
-        report = run_report(spec, loaded, sweep_tier=tier, capacities=capacities, progress=_Progress(not quiet))
+        with interrupt.stop_on_signals():
+            report = run_report(spec, loaded, sweep_tier=tier, capacities=capacities, progress=_Progress(not quiet))
         data = report.to_json()
         if plot is not None:
             data["plot"] = plot_sweep(data, plot)
         emit(data, json_output, _render)
+        if report.interrupted:
+            raise typer.Exit(interrupt.EXIT_CODE)
 
 
 def _check_writable(path: str) -> None:

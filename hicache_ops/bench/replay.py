@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import interrupt
 from ..errors import InputError
 from ..sglang.versions import NEWEST, validate_version
 from . import replay_baseline
@@ -379,7 +380,8 @@ def check_fits(spec: ReplaySpec, trace: Trace) -> None:
 
 def replay(spec: ReplaySpec, trace: Trace, tokens: TokenSource | None = None,
            progress: Progress | None = None, run_number: tuple[int, int] = (1, 1)) -> ReplayRun:
-    """Run the trace through one configuration; Ctrl-C stops it with what was replayed so far."""
+    """Run the trace through one configuration; Ctrl-C stops it with what was replayed so far
+    (between arrival groups under interrupt.stop_on_signals, at once otherwise)."""
     from dataclasses import asdict
 
     spec.validate()
@@ -403,6 +405,9 @@ def replay(spec: ReplaySpec, trace: Trace, tokens: TokenSource | None = None,
     t0 = time.perf_counter()
     try:
         for group in trace.groups():
+            if interrupt.requested():
+                interrupted = True
+                break
             if bounded_l3 is not None:
                 bounded_l3.advance(group[0].timestamp)
             _serve_group(cache, group, tokens, totals)
@@ -478,10 +483,11 @@ class ReplayReport:
     sweep_tier: str | None = None
     wall_s: float = 0.0
     reference_s: float = 0.0
+    stopped_between_runs: bool = False  # a sweep's later capacities were not run
 
     @property
     def interrupted(self) -> bool:
-        return any(run.interrupted for run in self.runs)
+        return self.stopped_between_runs or any(run.interrupted for run in self.runs)
 
     def _point(self, run: ReplayRun, bytes_per_token: int) -> dict:
         prompt = run.prompt_tokens
@@ -555,6 +561,7 @@ def run_report(spec: ReplaySpec, trace: Trace, *, sweep_tier: str | None = None,
     tokens = TokenSource(trace)
     runs: list[ReplayRun] = []
     reference_s = 0.0
+    stopped_between_runs = False
     for number, s in enumerate(specs, 1):
         run = replay(s, trace, tokens, progress, (number, len(specs)))
         replayed = trace.head(run.requests)
@@ -564,13 +571,16 @@ def run_report(spec: ReplaySpec, trace: Trace, *, sweep_tier: str | None = None,
         runs.append(run)
         if run.interrupted:
             break
+        if interrupt.requested() and number < len(specs):
+            stopped_between_runs = True
+            break
     replayed = trace.head(runs[-1].requests)
     t = time.perf_counter()
     ceiling = replay_baseline.ceiling(replayed, spec.page_size)
     unbounded = replay_baseline.block_lru(replayed, None)
     reference_s += time.perf_counter() - t
-    return ReplayReport(trace, spec, runs, ceiling, unbounded, sweep_tier,
-                        wall_s=time.perf_counter() - t0, reference_s=reference_s)
+    return ReplayReport(trace, spec, runs, ceiling, unbounded, sweep_tier, wall_s=time.perf_counter() - t0,
+                        reference_s=reference_s, stopped_between_runs=stopped_between_runs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Two references computed from a trace alone, beside the engine's replay.
 
-- The ceiling: what an unbounded cache with SGLang's granularity hits. A request hits the longest
-  prefix of its whole pages that earlier requests inserted; every whole page is inserted after it
-  (a partial last page never is). No eviction, so no policy can do better on the same pages.
+- The ceiling: what an unbounded cache with SGLang's rules hits. A request hits the longest prefix
+  of its whole pages that earlier requests inserted, up to the match cap of input length - 1 tokens
+  (docs/controller.md#match-cap); every whole page is inserted after it (a partial last page never
+  is). No eviction, so no policy can do better on the same pages.
 - The block LRU: the published-style replay (the FAST'25 paper's Figure 9 and others): blocks of
   512 tokens (the trace's hash ids; a partial last block is a block of its own), one LRU list, a
-  request hits its longest prefix of cached blocks (tokens, capped at the prompt), and every block
-  of the request then moves to the most recent end. No tiers, no pages, no leaf-only rule.
+  request hits its longest prefix of cached blocks (in tokens, capped at input length - 1 as any
+  match is, docs/controller.md#match-cap), and every block of the request then moves to the most
+  recent end. No tiers, no pages, no radix nodes.
 
 Pure library: numpy and the page-key rules only.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sglang.keys import page_keys
+from ..sglang.policy import match_cap_pages
 from ..sglang.versions import V0_5_23
 from .replay_trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 
@@ -69,7 +72,7 @@ def ceiling(trace: Trace, page_size: int) -> ReferenceRun:
     for request in trace.requests:
         ids = page_ids(request, page_size)
         hit = 0
-        for page in ids:
+        for page in ids[:match_cap_pages(request.input_length, page_size)]:
             if page not in seen:
                 break
             hit += 1
@@ -90,7 +93,7 @@ def block_lru(trace: Trace, capacity_tokens: int | None) -> ReferenceRun:
             if block not in cache:
                 break
             hit += 1
-        cached += min(hit * MOONCAKE_BLOCK_TOKENS, request.input_length)
+        cached += min(hit * MOONCAKE_BLOCK_TOKENS, request.input_length - 1)
         for block in ids:
             if block in cache:
                 cache.move_to_end(block)

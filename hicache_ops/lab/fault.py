@@ -15,13 +15,18 @@
 from __future__ import annotations
 
 import os
+import time
 
-from ..errors import InputError
+from ..errors import HicacheError, InputError
 from . import processes, state, topology
+from .status import serve_segment
 from .up import spawn_serve, start_master, wait_serve
 
 FAULTS = ("loopback-hostname", "host-down", "partition", "master-restart", "slow-link", "heal")
 DEFAULT_SLOW_MS = 200.0
+# A serve that could not unmount (it had lost the master) leaves its segment listed for the
+# master's client TTL, about 10 s (docs/mooncake.md#segments-and-ttl); puts placed there fail.
+OLD_SEGMENT_WAIT_S = 30.0
 
 
 def _serve_index(lab: dict, host: str | None) -> int:
@@ -36,9 +41,26 @@ def _serve_index(lab: dict, host: str | None) -> int:
 
 
 def _restart_serve(folder, lab: dict, index: int, **kwargs) -> None:
+    """Restart hK's serve; return once the master no longer lists the old serve's segment, so the
+    next puts are not placed on a segment nobody serves."""
+    old_segment = serve_segment(lab["hosts"][index])
     processes.stop(lab["hosts"][index].get("process"))
     spawn_serve(folder, lab, index, **kwargs)
     wait_serve(lab, index)
+    if old_segment is not None and old_segment != serve_segment(lab["hosts"][index]):
+        _wait_segment_gone(lab, old_segment)
+
+
+def _wait_segment_gone(lab: dict, segment: str) -> None:
+    from ..mooncake.admin import AdminClient
+
+    deadline = time.monotonic() + OLD_SEGMENT_WAIT_S
+    try:
+        with AdminClient(lab["master"]["metrics"]) as admin:
+            while segment in admin.get_all_segments() and time.monotonic() < deadline:
+                time.sleep(0.2)
+    except HicacheError:  # the master not answering is the fault under test, not ours to report
+        pass
 
 
 def fault(name: str, host: str | None = None, *, latency_ms: float = DEFAULT_SLOW_MS,

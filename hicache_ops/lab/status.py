@@ -8,7 +8,7 @@ from ..errors import InputError
 from . import processes, state, topology
 
 
-def _segment(host: dict) -> str | None:
+def serve_segment(host: dict) -> str | None:
     """The Mooncake segment a serve mounted, as the master lists it (None if it does not answer)."""
     if not host.get("url"):
         return None
@@ -33,7 +33,7 @@ def rows(lab: dict) -> list[dict]:
             "host": f"h{host['index']}", "namespace": host["namespace"], "address": host["address"],
             "process": name, "pid": record.get("pid"), "alive": processes.alive(record), "url": url,
             "advertises": host.get("advertised"),
-            "segment": _segment(host) if processes.alive(record) else None,
+            "segment": serve_segment(host) if processes.alive(record) else None,
             "faults": [f["name"] for f in lab.get("faults", []) if f.get("host") in (f"h{host['index']}", None)],
         })
     return out

@@ -10,12 +10,15 @@ Apache-2.0); the integration test reads the whole file from ../shared/traces/.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cli_runner import hicache
+from serve_process import HICACHE
 from hicache_ops.bench import replay_baseline
 from hicache_ops.bench.replay import MooncakeEvictingL3, ReplaySpec, parse_sweep, replay
 from hicache_ops.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, load_trace
@@ -104,9 +107,10 @@ def test_tokens_format_keeps_namespaces_apart(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["trace"]["format"] == "tokens"
-    # Request 3 hits tenant-a's pages, request 4 the first request's: 128 tokens each.
-    assert data["cached_tokens"] == 256 and data["ceiling_cached_tokens"] == 256
-    assert data["hit_rate"] == pytest.approx(256 / 512)
+    # Request 3 hits tenant-a's pages, request 4 the first request's: 7 of the 8 pages each, since
+    # a match covers at most input length - 1 tokens (docs/controller.md#match-cap).
+    assert data["cached_tokens"] == 224 and data["ceiling_cached_tokens"] == 224
+    assert data["hit_rate"] == pytest.approx(224 / 512)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +218,29 @@ def test_ctrl_c_keeps_the_whole_requests_replayed_so_far():
     assert run.cached == whole.cached and not whole.interrupted
 
 
+def test_sigint_prints_the_figures_so_far_and_exits_130():
+    trace = shared_traces() / TRACE_NAME
+    # Twenty three-tier runs over the whole trace: far longer than the 5 s to the first progress
+    # line, so the signal lands midway.
+    proc = subprocess.Popen([HICACHE, "bench", "replay", str(trace), "--l1-tokens", "1000000", "--l2-tokens",
+                             "3000000", "--sweep", "l3", "3000000:48000000:20", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        progress = proc.stderr.readline()  # the first progress line, after 5 s
+        assert "replayed" in progress, progress
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        data = json.loads(out)
+        assert data["interrupted"] is True and "Traceback" not in err
+        assert data["trace"]["requests_replayed"] == data["points"][-1]["requests"]
+        assert len(data["points"]) < 20 or data["trace"]["requests_replayed"] < 3993
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_sweep_plot_is_written(tmp_path):
     png = tmp_path / "sweep.png"
     result = invoke(str(SLICE), "--quiet", "--l1-tokens", "150000", "--l3", "none", "--sweep", "l2",
@@ -239,7 +266,8 @@ def test_block_lru_keeps_the_most_recent_blocks(tmp_path):
     run = replay_baseline.block_lru(trace, 4 * MOONCAKE_BLOCK_TOKENS)
     assert run.cached_tokens == 1024 and run.evictions == 2
     unbounded = replay_baseline.block_lru(trace, None)
-    assert unbounded.cached_tokens == 1024 + 1024
+    # Request 4 holds both its blocks but computes its last token (docs/controller.md#match-cap).
+    assert unbounded.cached_tokens == 1024 + 1023
 
 
 def test_mooncake_l3_evicts_unread_puts_first_and_never_a_leased_page():

@@ -202,7 +202,9 @@ def test_prefetch_cut_to_zero_is_not_verified(tmp_path):
         slow.client.flush()
         result = hicache(["prefetch", prompts, "--serve", slow.url, "--json"])
         row = json.loads(result.stdout)["prompts"][0]
-        assert row["hit_pages"] == 10 and row["fetched_pages"] == 0
+        # 10 pages in L3; the prefetch span ends at input length - 1 tokens, 9 whole pages
+        # (docs/controller.md#match-cap).
+        assert row["hit_pages"] == 9 and row["fetched_pages"] == 0
         assert row["bytes"] == 0 and not row["verified"] and "cut to zero" in row["reason"]
         assert result.exit_code == 1
     finally:
