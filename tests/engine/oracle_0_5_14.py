@@ -1,0 +1,196 @@
+"""SGLang 0.5.14's own HiCache tree (`HiRadixCache` + `HiCacheController`) as the oracle.
+
+0.5.14 is the package `sglang` too, so it runs in a child process (tests/sglang_0_5_14.py);
+`replay(workloads, config)` sends every workload in one child call (a child start costs seconds).
+In the child, per workload, a fresh `HiRadixCache` over a CPU `MHATokenToKVPool` behind a
+`PagedTokenToKVPoolAllocator` replays the requests one at a time the way 0.5.14's scheduler
+serves a lone request, calling the tree the way its `cache_unfinished_req` / `cache_finished_req`
+do (those two take a scheduler `Req`; the same tree calls are made here on the request's slot row):
+
+1. `match_prefix` with the key limited to len - 1 (`Req._compute_max_prefix_len`), lock the
+   device prefix;
+2. `init_load_back` for a host hit (0.5.14 loads it all or nothing, 10 tokens minimum), then
+   `ready_to_load_host_cache` and `check_hicache_events`;
+3. device slots for the prompt (`evict` first when the allocator is short), then the prefill
+   insert (cache_unfinished_req: insert, free the duplicates, re-match, move the lock);
+4. slots for the output, then the finish insert of prompt + output minus the last token
+   (cache_finished_req: insert, free duplicates and the unaligned tail, unlock); then
+   `check_hicache_events` as the scheduler does every step.
+
+Per request: device and host hit tokens and the device tokens evicted while serving it.
+
+What is replaced to run on CPU (nothing else of SGLang is changed):
+- The host pool is created with `pin_memory=False` (`HostKVCache.__init__`): pinning needs CUDA.
+- `transfer_kv_direct` (sgl_kernel's CUDA op, bound in `memory_pool_host.py` for the "direct"
+  I/O backend, layer_first layout) is replaced by a torch row copy with the same rows; the
+  "kernel" I/O backend's ops are CUDA kernels with no CPU path, so the oracle uses "direct".
+- The controller's streams and events: 0.5.14's `cache_controller.py` binds
+  `device_module = torch.get_device_module()`, which is `torch.cuda` in a CUDA build of torch even
+  without a GPU; the oracle binds it to `torch.cpu` (its Stream/Event/stream() run the copies
+  synchronously), as 0.5.23 does by itself on a CPU-only machine.
+- A one-rank gloo process group over an in-memory store: `HiRadixCache.__init__` asks
+  `torch.distributed` for the TP world size, and its checks all-reduce (a no-op on one rank).
+
+Not driven: the L3 (storage) tier (0.5.14's prefetch runs on controller threads with a stop
+policy clocked by scheduler passes; no serial replay of it was built here), concurrency and
+chunked prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from oracle_0_5_23 import OracleConfig
+from sglang_0_5_14 import run_0_5_14
+
+_SCRIPT = r'''
+import types
+import torch
+import torch.distributed as dist
+
+if not dist.is_initialized():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+from sglang.srt.managers import cache_controller
+from sglang.srt.mem_cache import memory_pool_host
+
+cache_controller.device_module = torch.cpu
+from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+
+def copy_token_rows(src_layers, dst_layers, src_indices, dst_indices, page_size):
+    for src, dst in zip(src_layers, dst_layers):
+        dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
+
+
+memory_pool_host.transfer_kv_direct = copy_token_rows
+pinned_init = HostKVCache.__init__
+
+
+def unpinned_init(self, device_pool, ratio, host_size, page_size, layout, pin_memory=True, *rest, **kwargs):
+    pinned_init(self, device_pool, ratio, host_size, page_size, layout, False, *rest, **kwargs)
+
+
+HostKVCache.__init__ = unpinned_init
+
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+
+class Replay:
+    def __init__(self, config):
+        ps = self.ps = config["page_size"]
+        server_args = ServerArgs(
+            model_path="dummy", page_size=ps, enable_hierarchical_cache=True,
+            hicache_ratio=config["hicache_ratio"], hicache_write_policy=config["write_policy"],
+            hicache_io_backend="direct", hicache_mem_layout="layer_first",
+        )
+        set_global_server_args_for_scheduler(server_args)
+        kv_pool = MHATokenToKVPool(
+            size=config["device_tokens"], page_size=ps, dtype=torch.float16, head_num=1, head_dim=4,
+            layer_num=1, device="cpu", enable_memory_saver=False,
+        )
+        self.allocator = PagedTokenToKVPoolAllocator(
+            config["device_tokens"], ps, torch.float16, "cpu", kv_pool, need_sort=False
+        )
+        req_pool = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
+        params = CacheInitParams(
+            disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=self.allocator, page_size=ps,
+        )
+        self.cache = HiRadixCache(params, server_args)
+        self.evicted = 0
+
+    def extend(self, row, tokens):
+        need = -(-tokens // self.ps) * self.ps - len(row)
+        if need <= 0:
+            return row
+        short = need - self.allocator.available_size()
+        if short > 0:
+            self.evicted += self.cache.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")
+        return torch.cat([row, slots.to(torch.int64)])
+
+    def publish(self, tokens, row, protected, last_node, finished):
+        cache = self.cache
+        aligned = len(tokens) // self.ps * self.ps
+        key = RadixKey(list(tokens[:aligned]))
+        result = cache.insert(InsertParams(key=key, value=row[:aligned].clone()))
+        if result.prefix_len > protected:
+            self.allocator.free(row[protected:result.prefix_len])
+        if finished:
+            if len(row) > aligned:
+                self.allocator.free(row[aligned:])
+            cache.dec_lock_ref(last_node)
+            return row, aligned, None
+        match = cache.match_prefix(MatchPrefixParams(key=key))
+        row = torch.cat([match.device_indices.to(torch.int64), row[aligned:]])
+        cache.dec_lock_ref(last_node)
+        cache.inc_lock_ref(match.last_device_node)
+        return row, aligned, match.last_device_node
+
+    def serve(self, prompt, output):
+        cache = self.cache
+        evicted_before = self.evicted
+        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(prompt), limit=len(prompt) - 1)))
+        device_hit = len(match.device_indices)
+        host_hit = match.host_hit_length
+        row = match.device_indices.to(torch.int64)
+        last_node = match.last_device_node
+        cache.inc_lock_ref(last_node)
+        loaded = 0
+        if host_hit > 0:
+            values, node = cache.init_load_back(
+                InitLoadBackParams(best_match_node=match.best_match_node, host_hit_length=host_hit)
+            )
+            loaded = len(values)
+            if loaded:
+                cache.ready_to_load_host_cache()
+                cache.check_hicache_events()
+                row = torch.cat([row, values.to(torch.int64)])
+                cache.dec_lock_ref(last_node)
+                cache.inc_lock_ref(node)
+                last_node = node
+        protected = len(row)
+        row = self.extend(row, len(prompt))
+        row, protected, last_node = self.publish(prompt, row, protected, last_node, finished=False)
+        cache.check_hicache_events()
+        full = list(prompt) + list(output)
+        row = self.extend(row, len(full))
+        kept = full[: len(full) - 1] if output else full
+        self.publish(kept, row, protected, last_node, finished=True)
+        cache.check_hicache_events()
+        return {
+            "device_hit": device_hit, "host_hit": loaded, "host_match": host_hit, "storage_hit": 0,
+            "device_evicted": self.evicted - evicted_before,
+        }
+
+
+RESULT = []
+for job in PAYLOAD:
+    job_results = []
+    for workload in job["workloads"]:
+        run = Replay(job["config"])
+        job_results.append([run.serve(r["prompt"], r["output"]) for r in workload])
+        run.cache.shutdown()
+    RESULT.append(job_results)
+'''
+
+
+def replay_jobs(jobs: list[tuple[OracleConfig, list[list[dict]]]], *, timeout: float = 600) -> list[list[list[dict]]]:
+    """Several (config, workloads) jobs in one child; per job, per workload, per request results.
+
+    A workload is a list of {"prompt": [ids], "output": [ids]}; each gets a fresh cache.
+    """
+    payload = [{"config": asdict(config), "workloads": workloads} for config, workloads in jobs]
+    return run_0_5_14(_SCRIPT, payload, timeout=timeout)
+
+
+def replay(workloads: list[list[dict]], config: OracleConfig) -> list[list[dict]]:
+    return replay_jobs([(config, workloads)])[0]
