@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from oracle_0_5_23 import OracleConfig
+from engine.oracle_0_5_23 import OracleConfig
 from sglang_0_5_14 import run_0_5_14
 
 _SCRIPT = r'''

@@ -84,6 +84,31 @@ def _replace_cuda_only_calls() -> None:
     _PATCHED = True
 
 
+_published: tuple[OracleConfig, object] | None = None
+
+
+def _server_args(config: OracleConfig):
+    """The process-wide ServerArgs the pools read, published again only when the configuration
+    changes (publishing resolves every server argument: slow)."""
+    global _published
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    if _published is not None and _published[0] == config:
+        return _published[1]
+    server_args = ServerArgs(
+        model_path="dummy",
+        page_size=config.page_size,
+        enable_hierarchical_cache=True,
+        hicache_ratio=config.hicache_ratio,
+        hicache_write_policy=config.write_policy,
+        hicache_io_backend="direct",
+        hicache_mem_layout="layer_first",
+    )
+    set_global_server_args_for_scheduler(server_args)
+    _published = (config, server_args)
+    return server_args
+
+
 def build(config: OracleConfig):
     """SGLang 0.5.23's tree with HiCache on CPU pools; returns (cache, allocator)."""
     import torch
@@ -92,20 +117,10 @@ def build(config: OracleConfig):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     _replace_cuda_only_calls()
     ps = config.page_size
-    server_args = ServerArgs(
-        model_path="dummy",
-        page_size=ps,
-        enable_hierarchical_cache=True,
-        hicache_ratio=config.hicache_ratio,
-        hicache_write_policy=config.write_policy,
-        hicache_io_backend="direct",
-        hicache_mem_layout="layer_first",
-    )
-    set_global_server_args_for_scheduler(server_args)
+    server_args = _server_args(config)
     kv_pool = MHATokenToKVPool(
         size=config.device_tokens, page_size=ps, dtype=torch.float16, head_num=1, head_dim=4, layer_num=1,
         device="cpu", enable_memory_saver=False,
