@@ -11,11 +11,13 @@ do (those two take a scheduler `Req`; the same tree calls are made here on the r
    device prefix;
 2. `init_load_back` for a host hit (0.5.14 loads it all or nothing, 10 tokens minimum), then
    `ready_to_load_host_cache` and `check_hicache_events`;
-3. device slots for the prompt (`evict` first when the allocator is short), then the prefill
-   insert (cache_unfinished_req: insert, free the duplicates, re-match, move the lock);
-4. slots for the output, then the finish insert of prompt + output minus the last token
-   (cache_finished_req: insert, free duplicates and the unaligned tail, unlock); then
-   `check_hicache_events` as the scheduler does every step.
+3. device slots for the prompt (`evict` first when the allocator is short); a request with more
+   than one output token then makes the prefill insert (cache_unfinished_req: insert, free the
+   duplicates, re-match, move the lock); one whose single output token came from the prefill
+   finishes at once;
+4. slots for every output token but the last (whose KV is never written), then the finish
+   insert of prompt + output minus the last token (cache_finished_req: insert, free duplicates
+   and the unaligned tail, unlock); then `check_hicache_events` as the scheduler does every step.
 
 Per request: device and host hit tokens and the device tokens evicted while serving it.
 
@@ -159,11 +161,11 @@ class Replay:
                 last_node = node
         protected = len(row)
         row = self.extend(row, len(prompt))
-        row, protected, last_node = self.publish(prompt, row, protected, last_node, finished=False)
-        cache.check_hicache_events()
-        full = list(prompt) + list(output)
-        row = self.extend(row, len(full))
-        kept = full[: len(full) - 1] if output else full
+        if len(output) > 1:  # a request whose one output token came from the prefill finishes at once
+            row, protected, last_node = self.publish(prompt, row, protected, last_node, finished=False)
+            cache.check_hicache_events()
+        kept = list(prompt) + list(output[:-1])
+        row = self.extend(row, len(kept))
         self.publish(kept, row, protected, last_node, finished=True)
         cache.check_hicache_events()
         return {

@@ -9,12 +9,14 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
    device prefix;
 2. a host hit is loaded back through `init_load_back` (its own threshold of 10 tokens applies)
    and completed by `check_hicache_events`;
-3. device room for the unmatched prompt is made by `evict` when the allocator is short, then the
-   prompt's page-aligned part is inserted (`checkpoint` after prefill: the write policy backs
-   nodes up from here), the lock moves to the inserted node;
-4. the output tokens get device room the same way, and at finish prompt + output minus the last
-   token (whose KV is never written) is inserted, the prompt boundary is split off, unpublished
-   slots are freed and the lock released; then the scheduler's per-step `check_hicache_events`.
+3. device room for the unmatched prompt is made by `evict` when the allocator is short; a
+   request with more than one output token then inserts the prompt's page-aligned part
+   (`checkpoint_kv_cache` after prefill: the write policy backs nodes up from here) and moves its
+   lock to the inserted node (a request whose one output token came from the prefill finishes
+   at once and skips this);
+4. decode gets device room for every output token but the last (whose KV is never written) the
+   same way; at finish prompt + output minus the last token is inserted, unpublished slots are
+   freed and the lock released; then the scheduler's per-step `check_hicache_events`.
 
 Per request it returns the device and host hit tokens the scheduler would count and the device
 tokens evicted while serving it.
@@ -213,14 +215,16 @@ class _Replay:
                 cache.unlock(lock)
                 lock = cache.lock(node)
         protected = len(row)
-        # Prefill: the rest of the prompt is computed, then published (the write policy acts here).
+        # Prefill: the rest of the prompt is computed. A request that goes on decoding publishes
+        # it now (checkpoint_kv_cache; the write policy acts here); one whose single output token
+        # came from the prefill finishes at once.
         row = self.extend(row, len(prompt))
-        row, protected, lock = self.insert(prompt, row, protected, lock)
-        cache.check_hicache_events()
-        # Decode, then finish: the last output token's KV is never written.
-        full = prompt + output
-        row = self.extend(row, len(full))
-        kept = full[: len(full) - 1] if output else full
+        if len(output) > 1:
+            row, protected, lock = self.insert(prompt, row, protected, lock)
+            cache.check_hicache_events()
+        # Decode writes the KV of every output token but the last, then finish publishes it.
+        kept = prompt + output[:-1]
+        row = self.extend(row, len(kept))
         row, protected, lock = self.insert(kept, row, protected, lock)
         unpublished = row[protected:]
         if unpublished.numel():
