@@ -30,12 +30,18 @@ What is replaced to run on CPU (nothing else of SGLang is changed):
   `device_module = torch.get_device_module()`, which is `torch.cuda` in a CUDA build of torch even
   without a GPU; the oracle binds it to `torch.cpu` (its Stream/Event/stream() run the copies
   synchronously), as 0.5.23 does by itself on a CPU-only machine.
-- A one-rank gloo process group over an in-memory store: `HiRadixCache.__init__` asks
-  `torch.distributed` for the TP world size, and its checks all-reduce (a no-op on one rank).
+- A one-rank gloo process group over an in-memory store, and SGLang's own parallel groups on it
+  (`init_distributed_environment`, `initialize_model_parallel`): `HiRadixCache.__init__` asks
+  `torch.distributed` for the TP world size, its checks all-reduce (a no-op on one rank), and the
+  storage backend asks for its TP rank. (Setup, not a replacement.)
 
-Not driven: the L3 (storage) tier (0.5.14's prefetch runs on controller threads with a stop
-policy clocked by scheduler passes; no serial replay of it was built here), concurrency and
-chunked prefill.
+With `config.storage`, SGLang's own file backend (`HiCacheFile`, in a temporary folder per
+workload, removed afterwards) is the L3 tier: on arrival the request's unmatched span is
+prefetched (`prefetch_from_storage`, as the scheduler's `_prefetch_kvcache`), polled with
+`check_prefetch_progress` under the `wait_complete` stop policy (the outcome then does not depend
+on thread timing), counted with `pop_prefetch_loaded_tokens`, and the prompt is matched again;
+after each request the oracle waits (bounded) until every L3 backup was acknowledged, as on a
+quiet server. Not driven: concurrency, the other stop policies and chunked prefill.
 """
 
 from __future__ import annotations
@@ -46,12 +52,19 @@ from engine.oracle_0_5_23 import OracleConfig
 from sglang_0_5_14 import run_0_5_14
 
 _SCRIPT = r'''
+import os
+import tempfile
+import time
 import types
 import torch
 import torch.distributed as dist
 
-if not dist.is_initialized():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+from sglang.srt.distributed import parallel_state
+
+# One rank: the world group over an in-memory store (no network, no files), then SGLang's groups.
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+parallel_state.init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0)
+parallel_state.initialize_model_parallel(backend="gloo")
 
 from sglang.srt.managers import cache_controller
 from sglang.srt.mem_cache import memory_pool_host
@@ -84,13 +97,31 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 
+SETTLE_S = 10  # the longest wait for the controller's storage threads
+
+
+def wait_until(done, what):
+    deadline = time.monotonic() + SETTLE_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"SGLang 0.5.14: {what} did not finish within {SETTLE_S} s")
+        time.sleep(0.001)
+
+
 class Replay:
-    def __init__(self, config):
+    def __init__(self, config, storage_dir=None):
         ps = self.ps = config["page_size"]
+        storage = {}
+        if storage_dir is not None:
+            os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
+            storage = dict(
+                hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+                hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": config["prefetch_threshold"]}),
+            )
         server_args = ServerArgs(
             model_path="dummy", page_size=ps, enable_hierarchical_cache=True,
             hicache_ratio=config["hicache_ratio"], hicache_write_policy=config["write_policy"],
-            hicache_io_backend="direct", hicache_mem_layout="layer_first",
+            hicache_io_backend="direct", hicache_mem_layout="layer_first", **storage,
         )
         set_global_server_args_for_scheduler(server_args)
         kv_pool = MHATokenToKVPool(
@@ -105,7 +136,36 @@ class Replay:
             disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=self.allocator, page_size=ps,
         )
         self.cache = HiRadixCache(params, server_args)
+        self.storage = storage_dir is not None
         self.evicted = 0
+        self.served = 0
+
+    def fetch_from_storage(self, prompt, match):
+        """The scheduler's _prefetch_kvcache at arrival, then check_prefetch_progress until done
+        (wait_complete), as get_new_batch_prefill polls it; returns the tokens read from L3."""
+        cache, rid = self.cache, f"r{self.served}"
+        node = match.last_host_node
+        if not (node.backuped or node is cache.root_node):
+            return 0
+        matched = len(match.device_indices) + match.host_hit_length
+        cache.prefetch_from_storage(rid, node, list(prompt[matched : len(prompt) - 1]), node.get_last_hash_value())
+
+        def progressed():
+            cache.check_hicache_events()
+            return cache.check_prefetch_progress(rid)
+
+        wait_until(progressed, "a prefetch")
+        return cache.pop_prefetch_loaded_tokens(rid)
+
+    def settle_backups(self):
+        """Let every L3 backup issued so far land before the next request arrives."""
+        cache = self.cache
+
+        def settled():
+            cache.check_hicache_events()
+            return not cache.ongoing_backup
+
+        wait_until(settled, "the L3 backups")
 
     def extend(self, row, tokens):
         need = -(-tokens // self.ps) * self.ps - len(row)
@@ -140,7 +200,13 @@ class Replay:
     def serve(self, prompt, output):
         cache = self.cache
         evicted_before = self.evicted
-        match = cache.match_prefix(MatchPrefixParams(key=RadixKey(list(prompt), limit=len(prompt) - 1)))
+        key = RadixKey(list(prompt), limit=len(prompt) - 1)
+        match = cache.match_prefix(MatchPrefixParams(key=key))
+        storage_hit = 0
+        if self.storage:
+            storage_hit = self.fetch_from_storage(prompt, match)
+            if storage_hit:
+                match = cache.match_prefix(MatchPrefixParams(key=key))
         device_hit = len(match.device_indices)
         host_hit = match.host_hit_length
         row = match.device_indices.to(torch.int64)
@@ -168,9 +234,13 @@ class Replay:
         row = self.extend(row, len(kept))
         self.publish(kept, row, protected, last_node, finished=True)
         cache.check_hicache_events()
+        if self.storage:
+            self.settle_backups()
+        self.served += 1
+        # Tokens read from L3 reach the device through the host like host hits; counted apart.
         return {
-            "device_hit": device_hit, "host_hit": loaded, "host_match": host_hit, "storage_hit": 0,
-            "device_evicted": self.evicted - evicted_before,
+            "device_hit": device_hit, "host_hit": loaded - min(loaded, storage_hit), "host_match": host_hit,
+            "storage_hit": storage_hit if loaded else 0, "device_evicted": self.evicted - evicted_before,
         }
 
 
@@ -178,9 +248,10 @@ RESULT = []
 for job in PAYLOAD:
     job_results = []
     for workload in job["workloads"]:
-        run = Replay(job["config"])
-        job_results.append([run.serve(r["prompt"], r["output"]) for r in workload])
-        run.cache.shutdown()
+        with tempfile.TemporaryDirectory(prefix="oracle-l3-") as storage_dir:
+            run = Replay(job["config"], storage_dir if job["config"]["storage"] else None)
+            job_results.append([run.serve(r["prompt"], r["output"]) for r in workload])
+            run.cache.shutdown()
     RESULT.append(job_results)
 '''
 

@@ -15,7 +15,8 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
    lock to the inserted node (a request whose one output token came from the prefill finishes
    at once and skips this);
 4. decode gets device room for every output token but the last (whose KV is never written) the
-   same way; at finish prompt + output minus the last token is inserted, unpublished slots are
+   same way; at finish prompt + output minus the last token is inserted (then the prompt's
+   aligned part again, which splits the leaf at the prompt boundary), unpublished slots are
    freed and the lock released; then the scheduler's per-step `check_hicache_events`.
 
 Per request it returns the device and host hit tokens the scheduler would count and the device
@@ -55,6 +56,10 @@ class OracleConfig:
     device_tokens: int = 64
     hicache_ratio: float = 2.0
     write_policy: str = "write_through"
+    # An L3 tier (0.5.14 only: SGLang's file backend in a temporary folder), read with the
+    # wait_complete stop policy so the outcome does not depend on thread timing.
+    storage: bool = False
+    prefetch_threshold: int = 256
 
 
 _PATCHED = False
@@ -113,6 +118,8 @@ def _server_args(config: OracleConfig):
 
 def build(config: OracleConfig):
     """SGLang 0.5.23's tree with HiCache on CPU pools; returns (cache, allocator)."""
+    if config.storage:
+        raise NotImplementedError("the 0.5.23 oracle drives no L3 tier (see the module docstring)")
     import torch
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -167,25 +174,39 @@ class _Replay:
             raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")
         return torch.cat([row, slots.to(torch.int64)])
 
-    def insert(self, tokens, row, protected: int, lock):
-        """Insert the page-aligned part of `tokens`; return (row, protected, lock) afterwards."""
+    def insert(self, tokens, prompt_len: int, row, protected: int, inserted: int, lock):
+        """Publish the page-aligned part of `tokens` as checkpoint_into_tree does; returns
+        (row, protected, inserted, lock) afterwards.
+
+        `protected` (cache_protected_len) keeps the request's tree-owned slots from being freed
+        as duplicates; `inserted` (cache_inserted_len) is what this request published before:
+        only nodes past it count a hit.
+        """
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 
         ps = self.config.page_size
         aligned = len(tokens) // ps * ps
-        if aligned <= protected:
-            return row, protected, lock
+        if aligned == 0:
+            return row, protected, inserted, lock
+        values = row[:aligned].clone()
         result = self.cache.insert(
-            InsertParams(
-                key=self.key(tokens[:aligned]), value=row[:aligned].clone(), prev_prefix_len=protected,
-                inserted_len=protected,
-            )
+            InsertParams(key=self.key(tokens[:aligned]), value=values, prev_prefix_len=protected, inserted_len=inserted)
         )
+        inserted = max(inserted, aligned)
+        prompt_aligned = prompt_len // ps * ps
+        if 0 < prompt_aligned < aligned:
+            # The leaf is split at the prompt boundary (output KV evictable apart from the prompt).
+            self.cache.insert(
+                InsertParams(
+                    key=self.key(tokens[:prompt_aligned]), value=values[:prompt_aligned],
+                    prev_prefix_len=prompt_aligned, inserted_len=prompt_aligned, priority=1,
+                )
+            )
         path = self.cache.path_device_indices(result.last_device_node)
         row = torch.cat([path[:aligned], row[aligned:]])
         self.cache.unlock(lock)
-        return row, aligned, self.cache.lock(result.last_device_node)
+        return row, aligned, inserted, self.cache.lock(result.last_device_node)
 
     def serve(self, prompt: list[int], output: list[int]) -> dict:
         import torch
@@ -214,18 +235,18 @@ class _Replay:
                 row = cache.path_device_indices(node)[: device_hit + loaded]
                 cache.unlock(lock)
                 lock = cache.lock(node)
-        protected = len(row)
+        protected, inserted = len(row), 0
         # Prefill: the rest of the prompt is computed. A request that goes on decoding publishes
         # it now (checkpoint_kv_cache; the write policy acts here); one whose single output token
         # came from the prefill finishes at once.
         row = self.extend(row, len(prompt))
         if len(output) > 1:
-            row, protected, lock = self.insert(prompt, row, protected, lock)
+            row, protected, inserted, lock = self.insert(prompt, len(prompt), row, protected, inserted, lock)
             cache.check_hicache_events()
         # Decode writes the KV of every output token but the last, then finish publishes it.
         kept = prompt + output[:-1]
         row = self.extend(row, len(kept))
-        row, protected, lock = self.insert(kept, row, protected, lock)
+        row, protected, inserted, lock = self.insert(kept, len(prompt), row, protected, inserted, lock)
         unpublished = row[protected:]
         if unpublished.numel():
             self.allocator.free(unpublished)
