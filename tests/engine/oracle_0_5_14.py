@@ -239,7 +239,7 @@ class Replay:
         self.served += 1
         # Tokens read from L3 reach the device through the host like host hits; counted apart.
         return {
-            "device_hit": device_hit, "host_hit": loaded - min(loaded, storage_hit), "host_match": host_hit,
+            "device_hit": device_hit, "host_hit": loaded - min(loaded, storage_hit),
             "storage_hit": storage_hit if loaded else 0, "device_evicted": self.evicted - evicted_before,
         }
 

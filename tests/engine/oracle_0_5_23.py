@@ -22,32 +22,32 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
 Per request it returns the device and host hit tokens the scheduler would count and the device
 tokens evicted while serving it.
 
+`init_load_back` reads a few fields of the scheduler's `Req` (rid, last_node, the SWA/mamba host
+hit lengths, kv.mamba_pool_idx); the oracle passes a plain handle with those fields (a FULL-only
+tree: the SWA/mamba ones are 0/None). The tree's other calls take no request.
+
 What is replaced to run on CPU (nothing else of SGLang is changed):
 - The host pool is created with `pin_memory=False` (`HostKVCache.__init__` receives it): pinning
-  registers the buffer with the CUDA driver, which needs a GPU. SGLang's own CPU unit tests do
-  the same.
+  registers the buffer with the CUDA driver, which needs a GPU.
 - `transfer_kv_direct` (sgl_kernel's CUDA op, bound in `pool_host/mha.py` for the "direct" I/O
   backend with the layer_first layout) is replaced by a torch row copy on CPU with the same
   source/destination rows. The "kernel" I/O backend has no CPU path at all (sgl_kernel's
   transfer_kv_per_layer / all_layer ops are CUDA kernels), which is why the oracle uses "direct".
 
 What is not driven here:
-- The L3 (storage) tier: attaching a backend works in principle (Mooncake's store builds on CPU),
-  but 0.5.23's prefetch is an asynchronous admission protocol (`prefetch_from_storage`, rank
-  consensus, the scheduler's retry loop, `check_prefetch_progress`) whose outcome depends on
-  scheduler passes; a faithful serial replay of it was not built in this harness, so storage
-  hits are not compared against 0.5.23.
+- The L3 (storage) tier: not attempted for 0.5.23 (nothing seen says it cannot run on CPU; the
+  0.5.14 oracle drives SGLang's file backend). 0.5.23's prefetch is an admission protocol
+  (`prefetch_from_storage`, `check_prefetch_progress`, the scheduler's retries, rank consensus)
+  that a serial replay has to pump the way the scheduler loop does; that was not built, so
+  storage hits are compared against 0.5.14 only.
 - Requests are served one at a time: no concurrency, no chunked prefill.
 """
 
 from __future__ import annotations
 
-import os
 import types
 from array import array
 from dataclasses import dataclass
-
-os.environ.setdefault("SGLANG_HOST_IP", "127.0.0.1")
 
 
 @dataclass(frozen=True)
@@ -254,8 +254,7 @@ class _Replay:
         cache.check_hicache_events()
         return {
             "device_hit": device_hit,
-            "host_hit": loaded if loaded else 0,
-            "host_match": host_hit,
+            "host_hit": loaded,
             "storage_hit": 0,
             "device_evicted": self.evicted - evicted_before,
         }

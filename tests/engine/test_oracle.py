@@ -1,19 +1,26 @@
 """SGLang's own HiCache tree as the oracle for the engine (issue #11, differential tests).
 
-Hypothesis generates multi-turn workloads (conversations sharing system prefixes, each turn's
-prompt is the whole history: earlier prompts, their outputs and a new user message; small pools so
-device and host evictions happen). Each workload is replayed through SGLang's tree (0.5.23
-in-process, tests/engine/oracle_0_5_23.py; 0.5.14 in its child process, oracle_0_5_14.py, all
-workloads of all policies in one child call) and through our engine (`replay_engine`, the one
-place that knows the engine's API), then compared request by request.
+Hypothesis generates workloads (derandomized: the same ones every run): conversations sharing
+system prefixes whose turns carry the whole history, prompts sent again, pools small enough to
+evict. Each workload is replayed through SGLang's tree (0.5.23 in this process,
+tests/engine/oracle_0_5_23.py; 0.5.14 in its child process, oracle_0_5_14.py, every workload of
+every policy in one child call running alongside) and through our engine (`replay_engine`, the one
+place that knows the engine's API), then compared request by request: device, host and (with an
+L3) storage hit tokens, and device tokens evicted while serving the request.
 
-Two families of workloads:
-- `prompt_only`: every request generates one token, so SGLang keeps exactly the prompt's KV at
-  finish, which is all the engine models; differences are differences of the cache rules.
-- `multi_turn`: outputs of several tokens that the next turn's prompt carries.
+Families (200 workloads each, per write policy and version, unless said):
+- `roomy`: big pools, one output token (SGLang then keeps exactly the prompt's KV, all the engine
+  models), prompts never whole pages: matching and write policies only. Agrees today.
+- `aligned`: the same with whole-page prompts, some sent again.
+- `pressure`: small pools: device eviction, write-back, host eviction, load-back.
+- `multi_turn`: several output tokens, carried by the next turn's prompt.
+- `storage` (0.5.14 only, 20 workloads, write_through and write_through_selective): prompts
+  revisited after device and host evicted them, over SGLang's file backend as L3, read with
+  wait_complete.
 
-The workloads are generated once per session (hypothesis, derandomized: the same ones every run)
-and replayed in batches; a failing comparison names the smallest differing workload.
+Where the engine differs today the comparison is a strict xfail naming the difference; the
+`test_*_minimal_example` tests pin each difference to a hand-written workload, checked against
+SGLang too. A failing comparison names the smallest differing workload (`--runxfail` shows them).
 """
 
 from __future__ import annotations
