@@ -75,6 +75,12 @@ def counts_every_insert(version: str) -> bool:
     return validate_version(version) == V0_5_14
 
 
+def counts_revived_nodes(version: str) -> bool:
+    """An insert that gives a node off the device its recomputed pages back: 0.5.23 counts a hit on
+    it (the node is on the device by the time it is counted); 0.5.14 counts none."""
+    return validate_version(version) != V0_5_14
+
+
 def backs_up_unbacked_ancestors(version: str) -> bool:
     """A node due for backup whose parent has no host copy: 0.5.23 backs the unbacked ancestors up
     with it; 0.5.14 skips the node until its parent is backed up."""

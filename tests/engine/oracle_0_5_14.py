@@ -19,7 +19,9 @@ do (those two take a scheduler `Req`; the same tree calls are made here on the r
    insert of prompt + output minus the last token (cache_finished_req: insert, free duplicates
    and the unaligned tail, unlock); then `check_hicache_events` as the scheduler does every step.
 
-Per request: device and host hit tokens and the device tokens evicted while serving it.
+Per request: device and host hit tokens and the device tokens evicted while serving it, by the
+allocations and by `load_back` for the pages it loads (the cache instance's `evict` is wrapped
+to add up what it reports; it runs unchanged).
 
 What is replaced to run on CPU (nothing else of SGLang is changed):
 - The host pool is created with `pin_memory=False` (`HostKVCache.__init__`): pinning needs CUDA.
@@ -138,6 +140,14 @@ class Replay:
         self.cache = HiRadixCache(params, server_args)
         self.storage = storage_dir is not None
         self.evicted = 0
+        evict = self.cache.evict
+
+        def counted_evict(params):
+            result = evict(params)
+            self.evicted += result.num_tokens_evicted
+            return result
+
+        self.cache.evict = counted_evict
         self.served = 0
 
     def fetch_from_storage(self, prompt, match):
@@ -173,7 +183,7 @@ class Replay:
             return row
         short = need - self.allocator.available_size()
         if short > 0:
-            self.evicted += self.cache.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+            self.cache.evict(EvictParams(num_tokens=short))
         slots = self.allocator.alloc(need)
         if slots is None:
             raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")

@@ -20,7 +20,9 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
    freed and the lock released; then the scheduler's per-step `check_hicache_events`.
 
 Per request it returns the device and host hit tokens the scheduler would count and the device
-tokens evicted while serving it.
+tokens evicted while serving it: every eviction counts, the allocations' and the ones
+`init_load_back` makes for the pages it loads (the cache instance's `_evict`, which both
+`evict` and `evict_for_alloc` call, is wrapped to add up what it reports; it runs unchanged).
 
 `init_load_back` reads a few fields of the scheduler's `Req` (rid, last_node, the SWA/mamba host
 hit lengths, kv.mamba_pool_idx); the oracle passes a plain handle with those fields (a FULL-only
@@ -150,6 +152,14 @@ class _Replay:
         self.config = config
         self.cache, self.allocator = build(config)
         self.evicted = 0
+        evict = self.cache._evict
+
+        def counted_evict(*args, **kwargs):
+            result = evict(*args, **kwargs)
+            self.evicted += result.num_tokens_evicted
+            return result
+
+        self.cache._evict = counted_evict
 
     def key(self, tokens, limit=None):
         from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -168,7 +178,7 @@ class _Replay:
             return row
         short = need - self.allocator.available_size()
         if short > 0:
-            self.evicted += self.cache.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+            self.cache.evict(EvictParams(num_tokens=short))
         slots = self.allocator.alloc(need)
         if slots is None:
             raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")

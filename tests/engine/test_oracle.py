@@ -45,27 +45,34 @@ METRICS = ("device_hit", "host_hit", "storage_hit", "device_evicted")
 
 
 def replay_engine(workload: list[dict], config: OracleConfig, version: str) -> list[dict]:
-    """Serve each request's prompt through our engine; per request, the oracle's metrics.
+    """Serve each request (its prompt, then its output tokens) through our engine; per request,
+    the oracle's metrics.
 
-    The engine has no notion of output tokens: a request is `prefill(prompt)`.
+    The pools are SGLang's: the device allocator hands out device_tokens / page_size pages (its
+    padding page comes on top), the host pool int(device_tokens x ratio) // page_size + 1 pages
+    (docs/host-pool.md). The L3 answers at once; wait_complete, as the 0.5.14 oracle reads it.
     """
-    from hicache_ops.engine.builder import EngineSpec, build_accounting
+    from hicache_ops.engine.cache import CacheConfig, TieredCache
+    from hicache_ops.engine.planes import AccountingPlane, MemoryL3
+    from hicache_ops.sglang.keys import ObjectKeyScheme
 
-    spec = EngineSpec(
-        page_size=config.page_size, device_tokens=config.device_tokens, hicache_ratio=config.hicache_ratio,
+    ps = config.page_size
+    cfg = CacheConfig(
+        page_size=ps, device_pages=config.device_tokens // ps,
+        host_pages=int(config.device_tokens * config.hicache_ratio) // ps + 1,
         write_policy=config.write_policy, sglang_version=version, stop_policy="wait_complete",
-        prefetch_threshold=config.prefetch_threshold,
+        prefetch_threshold=config.prefetch_threshold, eviction_policy="lru",
     )
-    cache = build_accounting(spec, l3=config.storage)
+    l3 = MemoryL3([ObjectKeyScheme(version)], 1) if config.storage else None
+    cache = TieredCache(cfg, AccountingPlane(1), l3)
     results = []
     for request in workload:
-        evicted_before = cache.stats.device_evictions
-        r = cache.prefill(request["prompt"])
+        r = cache.request(request["prompt"], request["output"])
         results.append({
             "device_hit": r.device_hit,
             "host_hit": r.host_hit,
             "storage_hit": r.storage_hit,
-            "device_evicted": (cache.stats.device_evictions - evicted_before) * config.page_size,
+            "device_evicted": r.device_evicted_pages * ps,
         })
     return results
 
