@@ -283,15 +283,16 @@ class TieredCache:
             return None
         return self.device.take_many(n)
 
-    def _alloc_host(self, n: int, at_least: int | None = None) -> list[int] | None:
-        """n host pages, evicting host nodes for them; with `at_least`, fewer (what is free) when
-        that is at least `at_least` pages. None when they cannot be had."""
+    def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None:
+        """n host pages, evicting host nodes for them (as much as the version asks for a backup or
+        a prefetch); with `at_least`, fewer (what is free) when that is at least `at_least` pages.
+        None when they cannot be had."""
         if n == 0:
             return []
         if not self.config.enable_l2:
             return None
         if self.host.free < n:
-            self._evict_host(n - self.host.free)
+            self._evict_host(pol.host_eviction_pages(self.config.sglang_version, n, self.host.free, prefetch))
         if self.host.free >= n:
             return self.host.take_many(n)
         if at_least is not None and self.host.free >= at_least:
@@ -784,7 +785,11 @@ class TieredCache:
         tokens = sum(len(n.keys) for n in nodes) * cfg.page_size
         pages = None
         if tokens >= cfg.load_back_threshold:
-            pages = self._try_alloc_device(tokens // cfg.page_size)
+            n = tokens // cfg.page_size
+            if self.device.free < n:
+                self._evict_device(pol.load_back_eviction_pages(cfg.sglang_version, n, self.device.free))
+            if self.device.free >= n:
+                pages = self.device.take_many(n)
         if self._observer is not None:
             self._emit(
                 "load_back", load=pages is not None, nodes=page_views(nodes), device_pages=pages or [],
@@ -841,7 +846,7 @@ class TieredCache:
         span = end - pos
         if not pol.allocates_host_at_hit(version):
             # 0.5.14 takes host pages for the whole span when it issues (evicting host nodes).
-            host_pages = self._alloc_host(span, at_least=threshold_pages)
+            host_pages = self._alloc_host(span, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
@@ -866,7 +871,7 @@ class TieredCache:
             return None
         if host_pages is None:
             # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
-            host_pages = self._alloc_host(hit, at_least=threshold_pages)
+            host_pages = self._alloc_host(hit, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "

@@ -93,6 +93,23 @@ def reclaims_host_duplicates(version: str, write_policy: str) -> bool:
     return validate_version(version) != V0_5_14 and write_policy == "write_back"
 
 
+def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) -> int:
+    """Host pages a host allocation of `needed` pages asks host eviction for when only `free` are
+    free (docs/controller.md#host-eviction): 0.5.14 asks for the whole allocation, for a backup
+    and for a prefetch alike; 0.5.23 for the shortfall of a backup and the whole hit of a prefetch."""
+    if validate_version(version) == V0_5_14 or prefetch:
+        return needed
+    return needed - free
+
+
+def load_back_eviction_pages(version: str, needed: int, free: int) -> int:
+    """Device pages a load-back of `needed` pages asks device eviction for when only `free` are free
+    (docs/controller.md#load-back): 0.5.14 the whole load, 0.5.23 the shortfall."""
+    if validate_version(version) == V0_5_14:
+        return needed
+    return needed - free
+
+
 # -- the match: docs/controller.md#match-cap --------------------------------------------------------
 
 
