@@ -41,7 +41,12 @@ With `config.storage`, SGLang's own file backend (`HiCacheFile`, in a temporary 
 workload, removed afterwards) is the L3 tier: on arrival the request's unmatched span is
 prefetched (`prefetch_from_storage`, as the scheduler's `_prefetch_kvcache`), polled with
 `check_prefetch_progress` under the `wait_complete` stop policy (the outcome then does not depend
-on thread timing), counted with `pop_prefetch_loaded_tokens`, and the prompt is matched again;
+on thread timing), counted with `pop_prefetch_loaded_tokens`, and the prompt is matched again.
+The host pages a prefetch does not use (past its hit, or all of them when revoked) come back
+through a queue its thread fills, sometimes after the prefetch is seen to end; the oracle waits
+for them (the controller's `append_host_mem_release` is wrapped to count what it queues) and
+drains the queue, as the scheduler's next step would on a quiet server, so that a request's host
+evictions do not depend on thread timing;
 after each request the oracle waits (bounded) until every L3 backup was acknowledged, as on a
 quiet server. Not driven: concurrency, the other stop policies and chunked prefill.
 """
@@ -148,6 +153,17 @@ class Replay:
             return result
 
         self.cache.evict = counted_evict
+        if self.storage:
+            controller = self.cache.cache_controller
+            release = controller.append_host_mem_release
+            self.released = 0
+
+            def counted_release(host_indices):
+                release(host_indices)
+                if host_indices.numel():
+                    self.released += host_indices.numel()
+
+            controller.append_host_mem_release = counted_release
         self.served = 0
 
     def fetch_from_storage(self, prompt, match):
@@ -158,13 +174,23 @@ class Replay:
         if not (node.backuped or node is cache.root_node):
             return 0
         matched = len(match.device_indices) + match.host_hit_length
+        released_before = self.released
         cache.prefetch_from_storage(rid, node, list(prompt[matched : len(prompt) - 1]), node.get_last_hash_value())
+        if rid not in cache.ongoing_prefetch:
+            return 0
+        _, _, host_indices, operation = cache.ongoing_prefetch[rid]
 
         def progressed():
             cache.check_hicache_events()
             return cache.check_prefetch_progress(rid)
 
         wait_until(progressed, "a prefetch")
+        # The prefetch thread hands back the host pages past the hit (all of them when it revokes)
+        # through a queue the next scheduler step drains; it may queue them after the request
+        # saw the prefetch end. Wait for them and drain, as the next step on a quiet server would.
+        unused = len(host_indices) - operation.completed_tokens
+        wait_until(lambda: self.released - released_before >= unused, "the prefetch's host pages")
+        cache.check_hicache_events()
         return cache.pop_prefetch_loaded_tokens(rid)
 
     def settle_backups(self):

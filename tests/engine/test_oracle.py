@@ -4,23 +4,32 @@ Hypothesis generates workloads (derandomized: the same ones every run): conversa
 system prefixes whose turns carry the whole history, prompts sent again, pools small enough to
 evict. Each workload is replayed through SGLang's tree (0.5.23 in this process,
 tests/engine/oracle_0_5_23.py; 0.5.14 in its child process, oracle_0_5_14.py, every workload of
-every policy in one child call running alongside) and through our engine (`replay_engine`, the one
-place that knows the engine's API), then compared request by request: device, host and (with an
-L3) storage hit tokens, and device tokens evicted while serving the request.
+every policy in one child call running alongside) and through our engine's `request(prompt,
+output)` (`replay_engine`, the one place that knows the engine's API), then compared request by
+request: device, host and (with an L3) storage hit tokens, and device tokens evicted while
+serving the request (by its allocations and by its load-back).
 
 Families (200 workloads each, per write policy and version, unless said):
-- `roomy`: big pools, one output token (SGLang then keeps exactly the prompt's KV, all the engine
-  models), prompts never whole pages: matching and write policies only. Agrees today.
-- `aligned`: the same with whole-page prompts, some sent again.
+- `roomy`: big pools, one output token, prompts never whole pages: matching and write policies.
+- `aligned`: the same with whole-page prompts, some sent again (the len - 1 match cap).
 - `pressure`: small pools: device eviction, write-back, host eviction, load-back.
 - `multi_turn`: several output tokens, carried by the next turn's prompt.
 - `storage` (0.5.14 only, 20 workloads, write_through and write_through_selective): prompts
   revisited after device and host evicted them, over SGLang's file backend as L3, read with
   wait_complete.
 
-Where the engine differs today the comparison is a strict xfail naming the difference; the
-`test_*_minimal_example` tests pin each difference to a hand-written workload, checked against
-SGLang too. A failing comparison names the smallest differing workload (`--runxfail` shows them).
+Every comparison agrees; none is expected to differ. The `*_minimal_example` tests pin each rule
+that once separated the engine from SGLang to a hand-written workload, checked against SGLang's
+tree and the engine alike. A failing comparison names the smallest differing workload.
+
+What was found while building this (observations, corrections of earlier notes):
+- `pin_memory=False` on the host pool is not the only change 0.5.23 needs on CPU: the "direct"
+  I/O backend's `transfer_kv_direct` is a CUDA op too (oracle_0_5_23.py says what replaces it).
+- A scheduler allocation in 0.5.23 evicts through `evict_for_alloc`, and both versions' load-back
+  evicts inside the tree: counting only what the oracle's own `evict` calls return misses the
+  load-back's evictions, so the oracles count every eviction the tree reports.
+- The device pool has device_tokens / page_size pages for requests (the allocator's padding page
+  comes on top); the host pool int(device_tokens x ratio) // page_size + 1 pages, both versions.
 """
 
 from __future__ import annotations
@@ -246,6 +255,24 @@ EXAMPLES = {
         (_request(_A13, 2), _request(range(100, 121), 1), _request(_A13, 1)), 2, "host_hit",
         {"0.5.14": 12, "0.5.23": 0},
     ),
+    # 11 host pages. 4- and 3-page prompts, then a 6-page one evicts both from the device; its
+    # backup finds 4 host pages free. 0.5.14 asks host eviction for all 6 pages (both prompts go),
+    # 0.5.23 for the 2 missing (the older prompt goes): the 3-page prompt again.
+    "host_eviction_0_5_14": Example(
+        OracleConfig(PAGE_SIZE, 32, 1.25, "write_through"),
+        (_request(range(300, 318), 1), _request(range(400, 414), 1), _request(range(100, 127), 1),
+         _request(range(400, 414), 1)), 3, "host_hit",
+        {"0.5.14": 0, "0.5.23": 12},
+    ),
+    # A 5-page prompt leaves the device for a 3-page one; a 2-page one leaves 3 pages free; the
+    # first prompt's 5 host pages load back: 0.5.14 evicts as much as it loads (both resident
+    # prompts), 0.5.23 the 2 pages missing (the older one, 3 pages).
+    "load_back_0_5_14": Example(
+        OracleConfig(PAGE_SIZE, 32, 3.0, "write_through"),
+        (_request(range(500, 523), 1), _request(range(100, 115), 1), _request(range(200, 209), 1),
+         _request(range(500, 523), 1)), 3, "device_evicted",
+        {"0.5.14": 20, "0.5.23": 12},
+    ),
 }
 
 
@@ -377,46 +404,6 @@ def test_workloads_exercise_the_tiers(family):
 
 # -- SGLang vs the engine ---------------------------------------------------------------------
 
-# What the engine does differently today, each seen on the workloads below (request-level
-# examples in the failure messages; run with --runxfail to see them).
-MATCH_CAP = (
-    "no len - 1 match cap: SGLang matches at most len(prompt) - 1 tokens (Req._compute_max_prefix_len), "
-    "so a prompt whose every page is cached recomputes its last page (page 4, [a, b, c, d] sent twice: "
-    "SGLang device hit 0, engine 4)"
-)
-DEVICE_ROOM = (
-    "device room and eviction unit: SGLang gives a running request whole pages for every token it "
-    "holds (the prompt's partial last page too, then each decoded token) and evicts whole radix "
-    "nodes; the engine takes only the prompt's whole pages and evicts single pages, so it evicts "
-    "later and keeps other pages (device 32 tokens, page 4: a 19-token prompt then an unrelated "
-    "17-token one: SGLang evicts the first prompt's 16-token node, the engine evicts nothing)"
-)
-OUTPUTS = (
-    "output tokens are not cached: SGLang inserts prompt + output minus its last token at finish, "
-    "so the next turn of a conversation hits the previous answer; the engine only prefills prompts"
-)
-SELECTIVE_0_5_14 = (
-    "0.5.14 write_through_selective counts a hit per insert and a request with 2+ output tokens "
-    "inserts twice (after prefill and at finish), so it is backed up at its finish and can be "
-    "loaded back later; the engine counts one hit per request"
-)
-
-
-def _expected_difference(version: str, family: str, policy: str, metric: str) -> str | None:
-    reasons = []
-    if family == "aligned" and metric == "device_hit":
-        reasons.append(MATCH_CAP)
-    if family == "pressure":
-        reasons.append(DEVICE_ROOM)
-    if family == "multi_turn":
-        if version == "0.5.14" and policy == "write_through_selective" and metric == "host_hit":
-            reasons.append(SELECTIVE_0_5_14)
-        reasons += [OUTPUTS, MATCH_CAP, DEVICE_ROOM]
-    if family == "storage":
-        reasons += [DEVICE_ROOM, "the L3 reads follow from those evictions"]
-    return "engine differs: " + "; ".join(reasons) if reasons else None
-
-
 def _cases():
     for version in VERSIONS:
         for family in FAMILIES:
@@ -424,9 +411,7 @@ def _cases():
                 continue
             for policy in FAMILIES[family].policies:
                 for metric in _metrics(family):
-                    reason = _expected_difference(version, family, policy, metric)
-                    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-                    yield pytest.param(version, family, policy, metric, marks=marks, id=f"{version}-{family}-{policy}-{metric}")
+                    yield pytest.param(version, family, policy, metric, id=f"{version}-{family}-{policy}-{metric}")
 
 
 @pytest.mark.parametrize("version, family, policy, metric", list(_cases()))
@@ -441,30 +426,16 @@ def test_engine_matches_sglang(version, family, policy, metric):
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_sglang_minimal_example(name, version):
-    """SGLang's tree gives the value each difference's example names (the reasons above)."""
+    """SGLang's tree gives the value each example names (the rule its comment states)."""
     example = EXAMPLES[name]
     got = oracle_results(version)[("example", name, 0)][example.at][example.metric]
     assert got == example.sglang[version]
 
 
-_ENGINE_EXAMPLE_DIFFERS = {
-    ("match_cap", "0.5.14"): MATCH_CAP, ("match_cap", "0.5.23"): MATCH_CAP,
-    ("device_room", "0.5.14"): DEVICE_ROOM, ("device_room", "0.5.23"): DEVICE_ROOM,
-    ("outputs", "0.5.14"): OUTPUTS, ("outputs", "0.5.23"): OUTPUTS,
-    ("selective_0_5_14", "0.5.14"): SELECTIVE_0_5_14,
-}
-
-
-def _example_cases():
-    for name in EXAMPLES:
-        for version in VERSIONS:
-            reason = _ENGINE_EXAMPLE_DIFFERS.get((name, version))
-            marks = [pytest.mark.xfail(strict=True, reason=f"engine differs: {reason}")] if reason else []
-            yield pytest.param(name, version, marks=marks, id=f"{name}-{version}")
-
-
-@pytest.mark.parametrize("name, version", list(_example_cases()))
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_engine_minimal_example(name, version):
+    """The engine follows the rule each example pins."""
     example = EXAMPLES[name]
     ours = replay_engine(list(example.requests), example.config, version)[example.at][example.metric]
     assert ours == example.sglang[version]
