@@ -612,6 +612,7 @@ class TieredCache:
                 host_nodes=page_views(host_nodes), extra_key=extra_key, cache_salt=cache_salt,
             )
         held: list[Node] = []
+        tail: list[int] = []  # the partial last page's device page, with hold_tail
         if path:
             tree.lock([path[-1]])
             held.append(path[-1])
@@ -658,7 +659,6 @@ class TieredCache:
             t = time.perf_counter()
             counted = list(on_device)
             walked: list[Node] = []
-            tail: list[int] = []
             if hold_tail and result.trailing_tokens:
                 # One allocation for the whole prompt, as SGLang's extend takes it.
                 pages = self._alloc_device(n_pages + 1 - pos)
