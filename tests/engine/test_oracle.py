@@ -220,7 +220,7 @@ def _request(prompt, outputs: int) -> dict:
 
 @dataclass(frozen=True)
 class Example:
-    """A minimal workload showing one difference: SGLang's value of `metric` at request `at`."""
+    """A minimal workload pinning one rule: SGLang's value of `metric` at request `at`."""
 
     config: OracleConfig
     requests: tuple
