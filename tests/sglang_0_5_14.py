@@ -13,6 +13,9 @@ One compatibility step happens in the child before the script: 0.5.14 registers 
 config names (e.g. `qwen3_asr`) that the newer transformers installed for 0.5.23 already has, and
 transformers refuses a second registration; the child lets the registration pass (exist_ok).
 Nothing of SGLang's own code is changed.
+
+Importing 0.5.14 sets up torch inductor, which makes its cache folder (by default
+/tmp/torchinductor_<user>); the child gets a temporary one instead, removed when it ends.
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ def require_root() -> Path:
     return ROOT
 
 
-def _command(script: str) -> tuple[list[str], dict, str]:
+def _command(script: str, inductor_cache: str) -> tuple[list[str], dict, str]:
     root = str(require_root())
-    env = dict(os.environ, PYTHONPATH=root)
+    env = dict(os.environ, PYTHONPATH=root, TORCHINDUCTOR_CACHE_DIR=inductor_cache)
     code = _PRELUDE.format(root=root) + script + _EPILOGUE
     # -P: the child's sys.path does not get the current folder (the checkout's kernels/ would
     # shadow PyPI's `kernels`).
@@ -69,10 +72,11 @@ def _command(script: str) -> tuple[list[str], dict, str]:
 
 def run_0_5_14(script: str, payload: Any = None, *, timeout: float = 300) -> Any:
     """Run `script` against SGLang 0.5.14 in a child process and return its RESULT."""
-    argv, env, root = _command(script)
-    proc = subprocess.run(
-        argv, input=json.dumps(payload) + "\n", capture_output=True, text=True, timeout=timeout, env=env, cwd=root
-    )
+    with tempfile.TemporaryDirectory(prefix="sglang-0.5.14-inductor-") as inductor_cache:
+        argv, env, root = _command(script, inductor_cache)
+        proc = subprocess.run(
+            argv, input=json.dumps(payload) + "\n", capture_output=True, text=True, timeout=timeout, env=env, cwd=root
+        )
     marker = proc.stdout.rfind("\n" + _MARKER)
     if proc.returncode != 0 or marker < 0:
         raise AssertionError(f"SGLang 0.5.14 child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -82,8 +86,11 @@ def run_0_5_14(script: str, payload: Any = None, *, timeout: float = 300) -> Any
 @contextmanager
 def held_0_5_14(script: str, payload: Any = None, *, timeout: float = 300) -> Iterator[Any]:
     """Like run_0_5_14, but the child stays alive (its Mooncake segment mounted) inside the block."""
-    argv, env, root = _command(script)
-    with tempfile.TemporaryFile() as errors:  # unlinked at once: nothing is left in /tmp
+    with (
+        tempfile.TemporaryDirectory(prefix="sglang-0.5.14-inductor-") as inductor_cache,
+        tempfile.TemporaryFile() as errors,  # unlinked at once: nothing is left in /tmp
+    ):
+        argv, env, root = _command(script, inductor_cache)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=root)
         try:
             proc.stdin.write(json.dumps(payload).encode() + b"\n")

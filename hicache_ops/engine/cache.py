@@ -227,6 +227,7 @@ class TieredCache:
         self.lock = threading.RLock()  # one request at a time, like SGLang's scheduler loop
         self._write_threshold = pol.write_through_threshold(config.write_policy)
         self._counts_every_insert = pol.counts_every_insert(version)
+        self._counts_revived = pol.counts_revived_nodes(version)
         self._chains_ancestors = pol.backs_up_unbacked_ancestors(version)
         self._reclaims_duplicates = pol.reclaims_host_duplicates(version, config.write_policy)
         # Requested tokens of prefetches issued and not yet admitted (the concurrency model sets
@@ -289,15 +290,16 @@ class TieredCache:
             return None
         return self.device.take_many(n)
 
-    def _alloc_host(self, n: int, at_least: int | None = None) -> list[int] | None:
-        """n host pages, evicting host nodes for them; with `at_least`, fewer (what is free) when
-        that is at least `at_least` pages. None when they cannot be had."""
+    def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None:
+        """n host pages, evicting host nodes for them (as much as the version asks for a backup or
+        a prefetch); with `at_least`, fewer (what is free) when that is at least `at_least` pages.
+        None when they cannot be had."""
         if n == 0:
             return []
         if not self.config.enable_l2:
             return None
         if self.host.free < n:
-            self._evict_host(n - self.host.free)
+            self._evict_host(pol.host_eviction_pages(self.config.sglang_version, n, self.host.free, prefetch))
         if self.host.free >= n:
             return self.host.take_many(n)
         if at_least is not None and self.host.free >= at_least:
@@ -438,7 +440,7 @@ class TieredCache:
         with self.lock:
             self._observer = observer
             try:
-                result, held, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
+                result, held, _, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
                 self.tree.unlock(held)
                 return result
             finally:
@@ -446,17 +448,27 @@ class TieredCache:
 
     def request(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
         """One whole request: the prompt's prefill, then its finish with `output` (the generated
-        token ids; at least one). The prompt's nodes stay locked on the device until the finish
-        inserts prompt + output but the last token (docs/controller.md#finished-requests); hits are
-        counted per insert in 0.5.14 and once per node per request in 0.5.23."""
+        token ids; at least one), as SGLang serves a lone request (docs/controller.md#finished-requests).
+
+        The request holds device pages for every token it has (the prompt's partial last page
+        too, then the decode's), taken when it needs them. A request that decodes (2+ output
+        tokens) inserts its prompt after the prefill, where the write policy acts; one whose only
+        token came from the prefill finishes at once and inserts once. The prompt's nodes stay
+        locked until the finish inserts prompt + output but the last token."""
         arr, n_pages = self._check_prompt(prompt)
         out = as_token_array(output, self.config.sglang_version)
         if out.size == 0:
             raise InputError("a request generates at least one token.")
+        decodes = out.size > 1
         with self.lock:
-            result, held, keys = self._prefill(arr, n_pages, extra_key, cache_salt, False, False)
+            result, held, keys, tail = self._prefill(
+                arr, n_pages, extra_key, cache_salt, False, False, count_hits=decodes, hold_tail=True
+            )
             try:
-                self._finish(np.concatenate([arr, out[:-1]]), keys, extra_key, cache_salt, result)
+                self._finish(
+                    np.concatenate([arr, out[:-1]]), keys, extra_key, cache_salt, result,
+                    held_pages=tail, inserted_pages=n_pages if decodes else 0,
+                )
             finally:
                 self.tree.unlock(held)
             return result
@@ -547,7 +559,9 @@ class TieredCache:
         """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
         until `finish`."""
         with self.lock:
-            _, arrival.held, _ = self._prefill(arrival.prompt, arrival.n_pages, None, None, False, False, arrival)
+            _, arrival.held, _, _ = self._prefill(
+                arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival
+            )
             self.reserved_pages += self._output_pages(arrival)
 
     def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
@@ -562,10 +576,16 @@ class TieredCache:
                 self.tree.unlock(arrival.held)
                 arrival.held = []
 
-    def _prefill(self, arr, n_pages, extra_key, cache_salt, with_keys, force_backup, arrival: Arrival | None = None):
-        """The prompt half of a request; returns the result, the deepest nodes it locked, and the
-        prompt's (tree, L3) page keys. With an `arrival`, its prefetch was issued when it queued
-        and lands now; otherwise the prefetch is issued and landed here."""
+    def _prefill(
+        self, arr, n_pages, extra_key, cache_salt, with_keys, force_backup, *, arrival: Arrival | None = None,
+        count_hits: bool = True, hold_tail: bool = False,
+    ):
+        """The prompt half of a request; returns the result, the deepest nodes it locked, the
+        prompt's (tree, L3) page keys, and the device page holding the prompt's partial last page
+        (`hold_tail`: the request keeps it for its finish; none when the prompt is whole pages).
+        With an `arrival`, its prefetch was issued when it queued and lands now; otherwise the
+        prefetch is issued and landed here. Without `count_hits` the prompt's insert counts no hit
+        and backs nothing up (the finish insert does)."""
         ps, tree = self.config.page_size, self.tree
         t0 = time.perf_counter()
         self._last_backup_bytes = self._last_l3_bytes = 0
@@ -599,6 +619,7 @@ class TieredCache:
                 host_nodes=page_views(host_nodes), extra_key=extra_key, cache_salt=cache_salt,
             )
         held: list[Node] = []
+        tail: list[int] = []  # the partial last page's device page, with hold_tail
         if path:
             tree.lock([path[-1]])
             held.append(path[-1])
@@ -645,14 +666,21 @@ class TieredCache:
             t = time.perf_counter()
             counted = list(on_device)
             walked: list[Node] = []
-            if pos < n_pages:
+            if hold_tail and result.trailing_tokens:
+                # One allocation for the whole prompt, as SGLang's extend takes it.
+                pages = self._alloc_device(n_pages + 1 - pos)
+                pages, tail = pages[:-1], pages[-1:]
+            elif pos < n_pages:
                 pages = self._alloc_device(n_pages - pos)
+            else:
+                pages = []
+            if pages:
                 self.plane.compute(pages, storage_keys[pos:n_pages])
                 self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
                 anchor = on_device[-1] if on_device else tree.root
                 walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, pos, pages)
                 self.device.give_many(unused)
-                counted += resident
+                counted += walked if self._counts_revived else resident
                 if walked:
                     tree.lock([walked[-1]])
                     held.append(walked[-1])
@@ -660,7 +688,8 @@ class TieredCache:
             timings["compute"] = (time.perf_counter() - t) * 1e3
 
             t = time.perf_counter()
-            result.backed_up_pages = self._count_hits_and_back_up(counted, on_device + walked, force_backup)
+            if count_hits:
+                result.backed_up_pages = self._count_hits_and_back_up(counted, on_device + walked, force_backup)
             if force_backup and self.l3 is not None:
                 for node in on_device + walked:
                     self._backup_to_l3(node, 0)  # re-put what is missing (the write skips present objects)
@@ -668,6 +697,7 @@ class TieredCache:
             timings["backup"] = (time.perf_counter() - t) * 1e3
         except BaseException:
             tree.unlock(held)
+            self.device.give_many(tail)
             raise
 
         result.bytes_backed_up_to_host = self._last_backup_bytes
@@ -683,7 +713,9 @@ class TieredCache:
         s.storage_hit += result.storage_hit
         s.computed += result.computed
         s.mismatched_pages += result.mismatched_pages
-        return result, held, (tree_keys, storage_keys)
+        if not hold_tail:
+            self.device.give_many(tail)
+        return result, held, (tree_keys, storage_keys), tail
 
     def _count_hits_and_back_up(self, counted: list[Node], nodes: list[Node], force: bool) -> int:
         """An insert counts a hit on each node it passes on the device (root to leaf order in
@@ -709,27 +741,46 @@ class TieredCache:
             return sum(self._backup_node(n) for n in due)
         return self._backup_due(due)
 
-    def _finish(self, tokens: np.ndarray, prompt_keys, extra_key, cache_salt, result: PrefillResult) -> None:
-        """The finish insert: prompt + output but the last token, whole pages."""
+    def _finish(
+        self, tokens: np.ndarray, prompt_keys, extra_key, cache_salt, result: PrefillResult, *,
+        held_pages: list[int] | None = None, inserted_pages: int | None = None,
+    ) -> None:
+        """The finish insert: prompt + output but the last token, whole pages.
+
+        `held_pages`: the device pages the request holds past its prompt's whole pages (the
+        partial last prompt page); the decode's are taken here, before the insert, and those past
+        the last whole page are freed after it. None: the pages the tree lacks are taken at once
+        (the concurrency model reserved them at admission). `inserted_pages`: what the request's
+        prefill insert covered (0.5.23 counts hits past it only); default the prompt's pages."""
         ps, tree = self.config.page_size, self.tree
         n_pages = tokens.size // ps
         prompt_pages = len(prompt_keys[0])
+        if inserted_pages is None:
+            inserted_pages = prompt_pages
         evicted_before = (self._request_device_evicted, self._request_host_evicted)
         tree_keys, storage_keys = self.keys_for(tokens, extra_key, cache_salt, known=prompt_keys)
-        path, covered = tree.full_nodes(tree_keys[:n_pages])
-        new_pages = n_pages - covered
-        pages = self._alloc_device(new_pages) if new_pages > 0 else []
+        spare: list[int] = []
+        if held_pages is None:
+            path, start = tree.full_nodes(tree_keys[:n_pages])
+            pages = self._alloc_device(n_pages - start) if n_pages > start else []
+        else:
+            # The prompt's nodes are locked and end at its last whole page (its match and insert
+            # split there); the insert walks on from that boundary.
+            path, start = tree.full_nodes(tree_keys[:prompt_pages])
+            decode = -(-tokens.size // ps) - prompt_pages - len(held_pages)
+            row = held_pages + (self._alloc_device(decode) if decode > 0 else [])
+            pages, spare = row[: n_pages - start], row[n_pages - start :]
         if pages:
-            self.plane.compute(pages, storage_keys[covered:n_pages])
+            self.plane.compute(pages, storage_keys[start:n_pages])
         tree.touch(path)  # the insert walks from the root: ancestors first, so leaves stay newest
         anchor = path[-1] if path else tree.root
-        walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, covered, pages)
-        self.device.give_many(unused)
+        walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, start, pages)
+        self.device.give_many(unused + spare)
+        passed = [n for n in path if n.device is not None] + (walked if self._counts_revived else resident)
         # 0.5.14 counts every node this insert passes on the device again; 0.5.23 only the nodes
         # past what the request inserted already.
-        passed = [n for n in path if n.device is not None] + resident
-        counted = passed if self._counts_every_insert else [n for n in passed if n.depth + len(n.keys) > prompt_pages]
-        result.output_pages = max(new_pages, 0)
+        counted = passed if self._counts_every_insert else [n for n in passed if n.depth + len(n.keys) > inserted_pages]
+        result.output_pages = len(pages) - len(unused)
         result.backed_up_pages += self._count_hits_and_back_up(counted, path + walked, False)
         result.device_evicted_pages += self._request_device_evicted - evicted_before[0]
         result.host_evicted_pages += self._request_host_evicted - evicted_before[1]
@@ -741,7 +792,11 @@ class TieredCache:
         tokens = sum(len(n.keys) for n in nodes) * cfg.page_size
         pages = None
         if tokens >= cfg.load_back_threshold:
-            pages = self._try_alloc_device(tokens // cfg.page_size)
+            n = tokens // cfg.page_size
+            if self.device.free < n:
+                self._evict_device(pol.load_back_eviction_pages(cfg.sglang_version, n, self.device.free))
+            if self.device.free >= n:
+                pages = self.device.take_many(n)
         if self._observer is not None:
             self._emit(
                 "load_back", load=pages is not None, nodes=page_views(nodes), device_pages=pages or [],
@@ -798,7 +853,7 @@ class TieredCache:
         span = end - pos
         if not pol.allocates_host_at_hit(version):
             # 0.5.14 takes host pages for the whole span when it issues (evicting host nodes).
-            host_pages = self._alloc_host(span, at_least=threshold_pages)
+            host_pages = self._alloc_host(span, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
@@ -823,7 +878,7 @@ class TieredCache:
             return None
         if host_pages is None:
             # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
-            host_pages = self._alloc_host(hit, at_least=threshold_pages)
+            host_pages = self._alloc_host(hit, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "

@@ -75,6 +75,12 @@ def counts_every_insert(version: str) -> bool:
     return validate_version(version) == V0_5_14
 
 
+def counts_revived_nodes(version: str) -> bool:
+    """An insert that gives a node off the device its recomputed pages back: 0.5.23 counts a hit on
+    it (the node is on the device by the time it is counted); 0.5.14 counts none."""
+    return validate_version(version) != V0_5_14
+
+
 def backs_up_unbacked_ancestors(version: str) -> bool:
     """A node due for backup whose parent has no host copy: 0.5.23 backs the unbacked ancestors up
     with it; 0.5.14 skips the node until its parent is backed up."""
@@ -85,6 +91,23 @@ def reclaims_host_duplicates(version: str, write_policy: str) -> bool:
     """0.5.23 write_back frees host copies of device-resident nodes before evicting host nodes
     (docs/controller.md#write_back-host-reclaim)."""
     return validate_version(version) != V0_5_14 and write_policy == "write_back"
+
+
+def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) -> int:
+    """Host pages a host allocation of `needed` pages asks host eviction for when only `free` are
+    free (docs/controller.md#host-eviction): 0.5.14 asks for the whole allocation, for a backup
+    and for a prefetch alike; 0.5.23 for the shortfall of a backup and the whole hit of a prefetch."""
+    if validate_version(version) == V0_5_14 or prefetch:
+        return needed
+    return needed - free
+
+
+def load_back_eviction_pages(version: str, needed: int, free: int) -> int:
+    """Device pages a load-back of `needed` pages asks device eviction for when only `free` are free
+    (docs/controller.md#load-back): 0.5.14 the whole load, 0.5.23 the shortfall."""
+    if validate_version(version) == V0_5_14:
+        return needed
+    return needed - free
 
 
 # -- the match: docs/controller.md#match-cap --------------------------------------------------------
