@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 
 import pytest
@@ -32,6 +33,24 @@ from hicache_ops.mooncake.master import EmbeddedMaster
 # Tests touch only loopback. SGLang picks the address its Transfer Engine advertises from the first
 # NIC (or a UDP "connect" towards a public DNS server) unless SGLANG_HOST_IP says otherwise.
 os.environ["SGLANG_HOST_IP"] = "127.0.0.1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_under_pytest(tmp_path_factory):
+    """The code under test keeps some logs on purpose (a failure a test provokes keeps its log and
+    prints the path): in tests they land in pytest's session folder, which pytest rotates, never
+    in /tmp itself. Child processes inherit TMPDIR."""
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
 
 
 @pytest.fixture(scope="session")

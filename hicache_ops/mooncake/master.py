@@ -281,15 +281,20 @@ class EmbeddedMaster:
         A log folder start() made is removed (a failed start keeps it: its error names the log)."""
         with self._lock:
             code = self._terminate(self.stop_grace if grace is None else grace)
-            folder, self._temporary_log_dir = self._temporary_log_dir, None
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+            self._remove_temporary_log_dir()
             return code
 
     def kill(self) -> int | None:
-        """SIGKILL at once (tests: a master that dies under its clients)."""
+        """SIGKILL at once (tests: a master that dies under its clients); its temporary log folder goes too."""
         with self._lock:
-            return self._terminate(0.0)
+            code = self._terminate(0.0)
+            self._remove_temporary_log_dir()
+            return code
+
+    def _remove_temporary_log_dir(self) -> None:
+        folder, self._temporary_log_dir = self._temporary_log_dir, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _terminate(self, grace: float = 5.0) -> int | None:
         proc = self._proc
