@@ -42,6 +42,17 @@ SglangCompareUrlOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+SglangLayoutUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sglang-url",
+        metavar="URL",
+        help="A running SGLang 0.5.23 server: check the pools of its L3 layout against the keys "
+        "(docs/side-pools.md#l3-layout-endpoint).",
+        show_default=False,
+        rich_help_panel=INPUT,
+    ),
+]
 DEFAULT_TIMEOUT_S = 3.0
 # The command parameter that receives the ServerInfo itself (no option).
 SERVER_PARAM = "sglang_server"

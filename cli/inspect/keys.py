@@ -49,22 +49,24 @@ EXAMPLES = examples(
 )
 
 
-def _header(report: KeyReport) -> None:
+def _header(report: KeyReport, choice=None) -> None:
     stdout.print(
         f"SGLang {report.sglang_version}  page size {report.page_size}  "
         f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}",
     )
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
+    if choice is not None:
+        stdout.print(f"side pools {choice.source_text}")
     for pool in report.to_json()["pools"]:
         window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
         stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
+    _render_disagreements(choice)
 
 
-def _render_pool_choice(choice) -> None:
-    """Where the side pools came from, then each disagreement on the way as one row."""
+def _render_disagreements(choice) -> None:
+    """Each disagreement met on the way to the side pools, one row each."""
     if choice is None:
         return
-    stdout.print(f"side pools {choice.source_text}")
     for row in choice.pool_disagreements:
         stdout.print(f"[yellow]pool disagreement[/] {_disagreement(row, 'flag', '--pool')}", soft_wrap=False)
     for row in choice.rule_disagreements:
@@ -78,7 +80,13 @@ def _disagreement(row: dict, other: str, label: str) -> str:
         side = "the server's L3 layout only" if row["server"] else "--pool only"
         return f"{row['pool']}: listed by {side}; using the server's pools"
     name = row["pool"] or "deployment"
-    return f"{name} {row['field']}: server {row['server']}, {label} {row[other]}; using the server's"
+    return f"{name} {row['field']}: server {_shown(row['server'])}, {label} {_shown(row[other])}; using the server's"
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "(none)"
+    return "(none)" if value is None else str(value)
 
 
 def _objects_per_page(report: KeyReport) -> int:
@@ -93,8 +101,7 @@ def _pages_shown(pages: list, lines_per_page: int, show_all: bool) -> tuple[list
 
 def _render(report: KeyReport, show_all: bool, choice=None) -> None:
     # Plain lines rather than a table: full keys stay greppable and copyable at any width.
-    _header(report)
-    _render_pool_choice(choice)
+    _header(report, choice)
     shown, left_out = _pages_shown(report.pages, 1 + _objects_per_page(report), show_all)
     for page in shown:
         stdout.print(f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}")
@@ -133,8 +140,7 @@ def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
         stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}", soft_wrap=False)
         if entry.get("hint"):
             stdout.print(f"    [dim]hint:[/] {entry['hint']}", soft_wrap=False)
-    _header(report)
-    _render_pool_choice(choice)
+    _header(report, choice)
     stdout.print(f"master {diff.master}")
     pages = list(zip(report.pages, diff.present))
     ordered = [p for p in pages if not all(p[1])] + [p for p in pages if all(p[1])]
@@ -204,7 +210,8 @@ def keys(
             "--pool",
             help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
             "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
-            "Adds its objects to each page (repeatable; docs/side-pools.md).",
+            "Adds its objects to each page (repeatable; docs/side-pools.md). With --sglang-url, an enabled "
+            "L3 layout's pools replace these (docs/side-pools.md#l3-layout-endpoint).",
             metavar="NAME[:k=v,...]",
             show_default=False,
             rich_help_panel=DEPLOYMENT,

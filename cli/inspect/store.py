@@ -12,11 +12,12 @@ from hicache_ops.units import format_bytes
 from ..help import examples
 from ..options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
 from ..output import emit, reporting, stderr, stdout
+from ..sglang_url import SglangLayoutUrlOption
 
 EXAMPLES = examples(
-    "hicache inspect store --master 10.0.0.5:9003",
     "hicache inspect store --master 10.0.0.5:9003 --prefix Qwen-Qwen3-8B_ --limit 50",
     "MOONCAKE_MASTER=10.0.0.5:50051 hicache inspect store --json",
+    "hicache inspect store --master 10.0.0.5:9003 --sglang-url http://10.0.0.5:30000",
 )
 
 
@@ -134,12 +135,7 @@ def store(
         typer.Option("--limit", help="Longest list shown (groups, pages, keys); counts stay exact.", metavar="N",
                      rich_help_panel=OUTPUT),
     ] = 20,
-    sglang_url: Annotated[
-        str | None,
-        typer.Option("--sglang-url", metavar="URL", show_default=False, rich_help_panel=INPUT,
-                     help="A running SGLang 0.5.23 server: check the pools of its L3 layout against the keys "
-                     "(docs/side-pools.md#l3-layout-endpoint)."),
-    ] = None,
+    sglang_url: SglangLayoutUrlOption = None,
     timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:

@@ -274,29 +274,38 @@ def test_live_diff_with_the_servers_pools_matches_batch_exists_v2(mooncake_maste
     assert f"pool swa  trailing_pages (last {SWA_WINDOW} page(s))  __swa" in human.stdout
 
 
-def test_store_checks_the_servers_pools(mooncake_master, mla_store, sglang_server):
-    reply = route_reply([mla_store])
-    url = sglang_server(reply)
-    client = StoreClient.connect(mooncake_master.rpc_address)
+def test_store_checks_the_servers_pools(fresh_mooncake_master, sglang_server):
+    """A master of its own, so every count is this prompt's."""
+    master = fresh_mooncake_master
+    store = sglang_store(master)
+    client = StoreClient.connect(master.rpc_address)
     try:
+        reply = route_reply([store])
+        url = sglang_server(reply)
         base = random.randrange(10**6, 10**9)
-        case = {"tokens": list(range(base, base + PAGES * PAGE)), "kv": list(range(PAGES)), "draft": list(range(PAGES)),
-                "indexer": [0, 1, 2], "swa": list(range(PAGES))}  # fmt: skip
-        keys = write_case(mla_store, client, reply, case)
+        case = {"tokens": list(range(base, base + PAGES * PAGE)), "kv": list(range(PAGES)), "draft": [0, 1, 2, 3],
+                "indexer": [0, 1, 2], "swa": list(range(PAGES - 1))}  # fmt: skip
+        write_case(store, client, reply, case)
+        res, data = run_json(["inspect", "store", "--master", master.metrics_address, "--sglang-url", url])
+        human = hicache(["inspect", "store", "--master", master.metrics_address, "--sglang-url", url])
     finally:
         client.close()
-    res, data = run_json(["inspect", "store", "--master", mooncake_master.metrics_address, "--sglang-url", url,
-                          "--limit", "1000"])  # fmt: skip
+        store.store.close()
     assert res.exit_code == 0, res.output
     assert data["pool_source"] == "l3_layout" and data["server_pools"]["key_prefix"] == "org-m"
     pools = {p["pool"]: p for p in data["server_pools"]["pools"]}
-    assert list(pools) == ["kv", *SIDE] and pools["kv"]["suffixes"] == ["__k"]
-    # Other tests' objects share the prefix: count only this prompt's pages.
-    assert not {k for k in keys} & {row["page_key"] for p in pools.values() for row in p["incomplete"]}
-    assert pools["indexer"]["kv_pages_without_pool"] >= 3 and pools["swa"]["trailing_pages"] == SWA_WINDOW
-    human = hicache(["inspect", "store", "--master", mooncake_master.metrics_address, "--sglang-url", url])
+    assert list(pools) == ["kv", *SIDE]
+    got = {name: (p["suffixes"], p["pages"], p["complete_pages"], p.get("kv_pages_without_pool")) for name, p in pools.items()}
+    assert got == {
+        "kv": (["__k"], PAGES, PAGES, None),
+        "indexer": (["__indexer"], 3, 3, PAGES - 3),
+        "swa": (["__swa"], PAGES - 1, PAGES - 1, 1),
+        "draft": (["__draft_k"], 4, 4, PAGES - 4),
+    }
+    assert pools["swa"]["trailing_pages"] == SWA_WINDOW
     assert human.exit_code == 0, human.output
     assert "pools from the server's L3 layout, key prefix org-m" in human.stdout
+    assert f"pool swa  trailing_pages (last {SWA_WINDOW} page(s))  {PAGES - 1} pages" in human.stdout
 
 
 # --- disagreements and fallbacks ----------------------------------------------------------------
