@@ -334,13 +334,23 @@ def test_pool_flags_that_disagree_are_listed_and_the_servers_win(mla_store, sgla
 def test_a_layout_suffix_that_differs_from_our_rule_is_reported_and_used(mla_store, sglang_server):
     reply = route_reply([mla_store])
     # The one hand edit: SGLang's own reply with the SWA suffix changed, as a newer server might name it.
-    swa = next(p for p in reply["hicache_object_layout"]["pools"] if p["pool"] == "swa")
-    swa["suffixes"] = ["__swa_v2"]
-    res, data = run_json(["inspect", "keys", "--tokens", tokens_arg(list(range(PAGE))), "--sglang-url", sglang_server(reply)])
+    # The hand edits: SGLang's own reply with the SWA suffix changed and the indexer renamed, as a
+    # newer server might name them.
+    pools = {p["pool"]: p for p in reply["hicache_object_layout"]["pools"]}
+    pools["swa"]["suffixes"] = ["__swa_v2"]
+    pools["indexer"].update(pool="indexer_v2", suffixes=["__indexer_v2"])
+    args = ["inspect", "keys", "--tokens", tokens_arg(list(range(PAGE))), "--sglang-url", sglang_server(reply)]
+    res, data = run_json(args)
     assert res.exit_code == 0, res.output
-    assert data["l3_layout"]["rule_disagreements"] == [{"pool": "swa", "field": "suffixes", "server": ["__swa_v2"], "rule": ["__swa"]}]
+    assert data["l3_layout"]["rule_disagreements"] == [
+        {"pool": "indexer_v2", "field": "pool", "server": "indexer_v2", "rule": None},
+        {"pool": "swa", "field": "suffixes", "server": ["__swa_v2"], "rule": ["__swa"]},
+    ]
     (page,) = data["pages"]
-    assert f"org-m_{page['page_key']}__swa_v2" in page["object_keys"]
+    assert page["object_keys"][1:3] == [f"org-m_{page['page_key']}__indexer_v2", f"org-m_{page['page_key']}__swa_v2"]
+    human = " ".join(hicache(args).stdout.split())  # rows wrap at the terminal's width
+    assert "layout vs key rule swa suffixes: server __swa_v2, our rule __swa; using the server's" in human
+    assert "layout vs key rule indexer_v2: a pool this toolkit has no key rule for" in human
 
 
 @pytest.mark.parametrize(
@@ -361,13 +371,18 @@ def test_a_disabled_layout_falls_back_to_the_flags_with_its_reason(
     assert reply["enabled"] is False and reply["reason"] == reason
     url = sglang_server(reply)
     args = ["inspect", "keys", "--tokens", tokens_arg(list(range(PAGE))), "--sglang-url", url, "--pool", "indexer"]
-    res, data = run_json([*args, *([] if mla else ["--mla"])])
+    res, data = run_json(args)
     assert res.exit_code == 0, res.output
     assert data["pool_source"] == "flags" and data["l3_layout"]["enabled"] is False
     assert data["l3_layout"]["reason"] == reason and [p["name"] for p in data["pools"]] == ["indexer"]
-    human = hicache([*args, *([] if mla else ["--mla"])])
+    assert data["server_disagreements"] == []
+    human = hicache(args)
     assert f"note: the server's L3 layout is disabled ({reason}); side pools come from --pool flags." in human.stderr
     assert "side pools from --pool flags" in human.stdout
+    res, data = run_json(["inspect", "store", "--master", mooncake_master.metrics_address, "--sglang-url", url])
+    assert res.exit_code == 0, res.output
+    assert data["server_pools"] is None and data["pool_source"] is None
+    assert data["l3_layout_note"] == f"the server's L3 layout is disabled ({reason}); no pools to check."
 
 
 # --- bad replies -----------------------------------------------------------------------------------
