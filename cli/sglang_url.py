@@ -42,7 +42,20 @@ SglangCompareUrlOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
+SglangLayoutUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sglang-url",
+        metavar="URL",
+        help="A running SGLang 0.5.23 server: check the pools of its L3 layout against the keys "
+        "(docs/side-pools.md#l3-layout-endpoint).",
+        show_default=False,
+        rich_help_panel=INPUT,
+    ),
+]
 DEFAULT_TIMEOUT_S = 3.0
+# The command parameter that receives the ServerInfo itself (no option).
+SERVER_PARAM = "sglang_server"
 # Where a value came from when the user typed it (click's ParameterSource names).
 _GIVEN_SOURCES = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
@@ -121,11 +134,18 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
 
     `fields` are names of `ServerInfo.values()` that are also the command's parameter names;
     `renamed` maps such a name to the command's parameter of another name (layout="layout_").
+    A command parameter named `sglang_server` is no option: it receives the `ServerInfo` read
+    (None without --sglang-url), for what is not an option value (the L3 layout's pools).
     """
     params_for = {**{name: name for name in fields}, **renamed}
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
+        takes_server = SERVER_PARAM in signature.parameters
+        if takes_server:
+            signature = signature.replace(
+                parameters=[p for p in signature.parameters.values() if p.name != SERVER_PARAM]
+            )
         params = {p.name: p for p in signature.parameters.values()}
         unknown = set(params_for.values()) - set(params)
         if unknown:
@@ -146,6 +166,8 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
         def wrapper(*, sglang_url: str | None, **kwargs: Any):
             ctx = kwargs[ctx_name] if ctx_name else kwargs.pop("sglang_ctx")
             timeout = kwargs["timeout"] if "timeout" in params else kwargs.pop("timeout")
+            if takes_server:
+                kwargs[SERVER_PARAM] = None
             if sglang_url is None:
                 return command(**kwargs)
             json_output = bool(kwargs.get("json_output", False))
@@ -158,6 +180,8 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
                 for name in applied:
                     param = params_for[name]
                     kwargs[param] = _as_option(resolution.values[name], choices[param], _flag(ctx, param))
+                if takes_server:
+                    kwargs[SERVER_PARAM] = resolution.server
             _report(ctx, resolution, params_for, applied)
             token = JSON_EXTRAS.set(
                 {"sglang_server": resolution.to_json(), "server_disagreements": resolution.disagreements}

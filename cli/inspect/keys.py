@@ -49,15 +49,44 @@ EXAMPLES = examples(
 )
 
 
-def _header(report: KeyReport) -> None:
+def _header(report: KeyReport, choice=None) -> None:
     stdout.print(
         f"SGLang {report.sglang_version}  page size {report.page_size}  "
         f"prompt {report.prompt_tokens} tokens  whole pages {len(report.pages)}",
     )
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
+    if choice is not None:
+        stdout.print(f"side pools {choice.source_text}")
     for pool in report.to_json()["pools"]:
         window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
         stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
+    _render_disagreements(choice)
+
+
+def _render_disagreements(choice) -> None:
+    """Each disagreement met on the way to the side pools, one row each."""
+    if choice is None:
+        return
+    for row in choice.pool_disagreements:
+        stdout.print(f"[yellow]pool disagreement[/] {_disagreement(row, 'flag', '--pool')}", soft_wrap=False)
+    for row in choice.rule_disagreements:
+        stdout.print(f"[yellow]layout vs key rule[/] {_disagreement(row, 'rule', 'our rule')}", soft_wrap=False)
+
+
+def _disagreement(row: dict, other: str, label: str) -> str:
+    if row["field"] == "pool":
+        if other == "rule":
+            return f"{row['pool']}: a pool this toolkit has no key rule for; using the server's suffixes"
+        side = "the server's L3 layout only" if row["server"] else "--pool only"
+        return f"{row['pool']}: listed by {side}; using the server's pools"
+    name = row["pool"] or "deployment"
+    return f"{name} {row['field']}: server {_shown(row['server'])}, {label} {_shown(row[other])}; using the server's"
+
+
+def _shown(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "(none)"
+    return "(none)" if value is None else str(value)
 
 
 def _objects_per_page(report: KeyReport) -> int:
@@ -70,9 +99,9 @@ def _pages_shown(pages: list, lines_per_page: int, show_all: bool) -> tuple[list
     return first_rows(pages, show_all, max(1, DETAIL_ROWS // lines_per_page))
 
 
-def _render(report: KeyReport, show_all: bool) -> None:
+def _render(report: KeyReport, show_all: bool, choice=None) -> None:
     # Plain lines rather than a table: full keys stay greppable and copyable at any width.
-    _header(report)
+    _header(report, choice)
     shown, left_out = _pages_shown(report.pages, 1 + _objects_per_page(report), show_all)
     for page in shown:
         stdout.print(f"[bold]page {page.index}[/]  tokens [{page.start}, {page.end})  {page.page_key}")
@@ -83,7 +112,7 @@ def _render(report: KeyReport, show_all: bool) -> None:
         stderr.print(f"[yellow]note:[/] {note}")
 
 
-def _render_live(report: KeyReport, diff, show_all: bool) -> None:
+def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
     """The verdict first, then the pages with each object marked present (+) or missing (-):
     incomplete pages before complete ones when the listing is cut."""
     total = len(report.pages)
@@ -111,7 +140,7 @@ def _render_live(report: KeyReport, diff, show_all: bool) -> None:
         stdout.print(f"[yellow]{entry['kind']}:[/] {entry['message']}", soft_wrap=False)
         if entry.get("hint"):
             stdout.print(f"    [dim]hint:[/] {entry['hint']}", soft_wrap=False)
-    _header(report)
+    _header(report, choice)
     stdout.print(f"master {diff.master}")
     pages = list(zip(report.pages, diff.present))
     ordered = [p for p in pages if not all(p[1])] + [p for p in pages if all(p[1])]
@@ -125,6 +154,10 @@ def _render_live(report: KeyReport, diff, show_all: bool) -> None:
     print_left_out(left_out, "pages")
     for note in report.notes:
         stderr.print(f"[yellow]note:[/] {note}")
+
+
+def _with_choice(data: dict, choice) -> dict:
+    return data if choice is None else {**data, **choice.to_json()}
 
 
 @sglang_url_option("sglang_version", "page_size", "model_name", "extra_backend_tag", "tp_size", "pp_size", "mla",
@@ -177,7 +210,8 @@ def keys(
             "--pool",
             help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
             "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
-            "Adds its objects to each page (repeatable; docs/side-pools.md).",
+            "Adds its objects to each page (repeatable; docs/side-pools.md). With --sglang-url, an enabled "
+            "L3 layout's pools replace these (docs/side-pools.md#l3-layout-endpoint).",
             metavar="NAME[:k=v,...]",
             show_default=False,
             rich_help_panel=DEPLOYMENT,
@@ -196,6 +230,7 @@ def keys(
     ] = None,
     show_all: AllOption = False,
     json_output: JsonOption = False,
+    sglang_server=None,
 ) -> None:
     """Page keys and Mooncake object keys SGLang derives for a prompt.
 
@@ -230,6 +265,14 @@ def keys(
             dcp_rank=dcp_rank,
             page_size=page_size,
         )
+        choice = None
+        if sglang_server is not None:  # --sglang-url: an enabled L3 layout's pools replace the flags'
+            from hicache_ops.sglang.l3_layout import choose_pools
+
+            choice = choose_pools(sglang_server.l3_layout, pools, deployment)
+            pools = choice.pools
+            for note in choice.notes:
+                stderr.print(f"[yellow]note:[/] {note}", highlight=False)
         report = expected_keys(
             prompt.input_ids,
             page_size,
@@ -243,7 +286,7 @@ def keys(
                 from hicache_ops.errors import InputError
 
                 raise InputError("--try-extra-key and --try-cache-salt need --master.")
-            emit(report.to_json(), json_output, lambda _: _render(report, show_all))
+            emit(_with_choice(report.to_json(), choice), json_output, lambda _: _render(report, show_all, choice))
             return
         from hicache_ops.inspect.live_diff import live_diff
         from hicache_ops.mooncake.admin import AdminClient
@@ -261,6 +304,7 @@ def keys(
                 try_cache_salts=try_cache_salt or (),
                 report=report,
             )
-        emit(diff.merge_into(report.to_json()), json_output, lambda _: _render_live(report, diff, show_all))
+        emit(_with_choice(diff.merge_into(report.to_json()), choice), json_output,
+             lambda _: _render_live(report, diff, show_all, choice))
     if master is not None and not diff.complete:
         raise typer.Exit(1)

@@ -12,11 +12,12 @@ from hicache_ops.units import format_bytes
 from ..help import examples
 from ..options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
 from ..output import emit, reporting, stderr, stdout
+from ..sglang_url import SglangLayoutUrlOption
 
 EXAMPLES = examples(
-    "hicache inspect store --master 10.0.0.5:9003",
     "hicache inspect store --master 10.0.0.5:9003 --prefix Qwen-Qwen3-8B_ --limit 50",
     "MOONCAKE_MASTER=10.0.0.5:50051 hicache inspect store --json",
+    "hicache inspect store --master 10.0.0.5:9003 --sglang-url http://10.0.0.5:30000",
 )
 
 
@@ -91,6 +92,8 @@ def _render(data: dict) -> None:
                     f"missing {' '.join(row['missing'])}",
                     highlight=False,
                 )
+    if "server_pools" in data:
+        _render_server_pools(data)
     if data["unified_scheme_keys"]:
         stderr.print(
             f"[yellow]note:[/] {data['unified_scheme_keys']} key(s) follow SGLang's unified key scheme "
@@ -100,6 +103,24 @@ def _render(data: dict) -> None:
         stdout.print(f"[dim]other[/] {key}")
     if data["truncated"]:
         stderr.print(f"[dim]note:[/] lists cut at --limit {data['limit']}; counts are complete.")
+
+
+def _render_server_pools(data: dict) -> None:
+    if data["server_pools"] is None:
+        stderr.print(f"[yellow]note:[/] {data['l3_layout_note']}", highlight=False)
+        return
+    served = data["server_pools"]
+    stdout.print(f"[bold]pools[/] from the server's L3 layout, key prefix {served['key_prefix'] or '(none)'}")
+    for pool in served["pools"]:
+        window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
+        without = f"  KV pages without it {pool['kv_pages_without_pool']}" if "kv_pages_without_pool" in pool else ""
+        stdout.print(
+            f"    [bold]pool[/] {pool['pool']}  {pool['hit_policy']}{window}  {pool['pages']} pages  "
+            f"complete {pool['complete_pages']}/{pool['pages']}{without}  suffixes {', '.join(pool['suffixes'])}",
+            highlight=False,
+        )
+        for row in pool["incomplete"]:
+            stdout.print(f"        [yellow]incomplete[/] {row['page_key']}  missing {' '.join(row['missing'])}")
 
 
 def store(
@@ -114,16 +135,18 @@ def store(
         typer.Option("--limit", help="Longest list shown (groups, pages, keys); counts stay exact.", metavar="N",
                      rich_help_panel=OUTPUT),
     ] = 20,
+    sglang_url: SglangLayoutUrlOption = None,
     timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
 ) -> None:
     """Health, segments and keys of a Mooncake master, grouped the way SGLang names objects.
 
     Without --master: MOONCAKE_MASTER's host with MOONCAKE_MASTER_METRICS_PORT (9003), else
-    127.0.0.1:9003.
+    127.0.0.1:9003. With --sglang-url, each pool of the server's L3 layout is checked too.
     """
     with reporting(json_output):
         from hicache_ops.inspect.store import inspect_store
 
-        data = inspect_store(master or default_master(), prefix=prefix, limit=limit, timeout=timeout)
+        data = inspect_store(master or default_master(), prefix=prefix, limit=limit, timeout=timeout,
+                             sglang_url=sglang_url)
         emit(data, json_output, _render)

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ..sglang.keys import WARMUP_KEY_PREFIX, dcp_topology
+from ..sglang.l3_layout import FROM_LAYOUT, L3Layout, flat_suffixes, parse_l3_layout
 from ..mooncake.admin import AdminClient
 from .segments import check_segments
 
@@ -297,15 +298,71 @@ def _segment_row(seg: dict) -> dict:
     }
 
 
-def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, timeout: float = 3.0) -> dict:
+def served_pools(keys: list[str], layout: L3Layout, limit: int = 20) -> dict:
+    """The pools of a server's enabled L3 layout, checked against a key listing.
+
+    Under the layout's key prefix, per pool (KV first): the pages holding any of its objects, those
+    holding all (every suffix the layout lists, every pipeline stage), and for a side pool the
+    pages whose KV objects are all there while none of its own are.
+    """
+    prefix = f"{layout.key_prefix}_" if layout.key_prefix else ""
+    pages: dict[str, set[str]] = defaultdict(set)
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
+        page_key, suffix = key[len(prefix) : len(prefix) + 64], key[len(prefix) + 64 :]
+        if suffix.startswith("_") and _HEX64.fullmatch(page_key):
+            pages[page_key].add(suffix)
+    kv = set(flat_suffixes(layout.kv_suffixes))
+    entries = [("kv", flat_suffixes(layout.kv_suffixes), "all_pages", None)] if kv else []
+    entries += [(p.name, flat_suffixes(p.served or ()), p.hit_policy, p.trailing_pages) for p in layout.side_pools]
+    out = []
+    for name, suffixes, policy, trailing in entries:
+        want = set(suffixes)
+        holding = {k: v & want for k, v in pages.items() if v & want}
+        incomplete = sorted(k for k, v in holding.items() if v != want)
+        row = {
+            "pool": name,
+            "suffixes": suffixes,
+            "hit_policy": policy,
+            "trailing_pages": trailing,
+            "pages": len(holding),
+            "complete_pages": len(holding) - len(incomplete),
+            "incomplete_pages": len(incomplete),
+            "incomplete": [{"page_key": k, "missing": sorted(want - holding[k])} for k in incomplete[:limit]],
+        }
+        if name != "kv" and kv:
+            row["kv_pages_without_pool"] = sum(1 for k, v in pages.items() if kv <= v and k not in holding)
+        out.append(row)
+    return {"key_prefix": layout.key_prefix, "pools": out}
+
+
+def _server_layout(url: str, timeout: float) -> tuple[L3Layout | None, str | None]:
+    """The enabled layout of the SGLang server at `url`, else None and why."""
+    from ..sglang.server_info import read_server
+
+    info = read_server(url, timeout=timeout)
+    if info.l3_layout is None:
+        return None, f"the SGLang server at {info.url} (SGLang {info.version}) publishes no L3 layout."
+    layout = parse_l3_layout(info.l3_layout)
+    if not layout.enabled:
+        return layout, f"the server's L3 layout is disabled ({layout.reason}); no pools to check."
+    return layout, None
+
+
+def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, timeout: float = 3.0,
+                  sglang_url: str | None = None) -> dict:
     """Health, segments, key counts and SGLang key groups of the master at HOST:METRICS_PORT.
 
-    Raises InputError for a malformed address, UnreachableError when the master does not answer.
+    With `sglang_url`, the pools of that server's L3 layout (docs/side-pools.md#l3-layout-endpoint)
+    are checked against the listing too (`server_pools`). Raises InputError for a malformed address
+    or layout, UnreachableError when the master or the server does not answer.
     """
     from ..errors import InputError
 
     if limit < 0:
         raise InputError(f"--limit {limit} must be >= 0.")
+    layout, layout_note = _server_layout(sglang_url, timeout) if sglang_url else (None, None)
     with AdminClient(master, timeout=timeout) as admin:
         health = admin.health()
         segments = [_segment_row(s) for s in admin.segments_detail()]
@@ -331,6 +388,12 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
         "metrics": {name: metrics[name] for name in _METRIC_NAMES if name in metrics},
         "limit": limit,
         **grouped,
+        **({} if sglang_url is None else {
+            "pool_source": FROM_LAYOUT if layout_note is None else None,
+            "l3_layout": None if layout is None else layout.to_json(),
+            "l3_layout_note": layout_note,
+            "server_pools": served_pools(keys, layout, limit) if layout_note is None else None,
+        }),
     }
 
 

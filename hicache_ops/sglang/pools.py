@@ -56,6 +56,10 @@ class PoolSpec:
     class (`draft`, `draft_swa`); None means the deployment's. `conv` / `temporal` describe a
     Mamba pool (conv states, whether the temporal state has elements); `window` is the
     trailing-pages window of an SWA-indexed pool (Mamba always 1).
+    A pool read from a server's L3 layout (docs/side-pools.md#l3-layout-endpoint) carries that
+    layout's word: `policy` overrides the hit policy the name implies, `window` is its trailing
+    pages, and `served` holds its suffixes per pp stage, `((pp_rank, suffixes), ...)`, which the
+    key rule then returns as they are (the server lists the objects it writes).
     """
 
     name: str
@@ -63,16 +67,20 @@ class PoolSpec:
     conv: int = 1
     temporal: bool = True
     window: int = 1
+    policy: str | None = None
+    served: tuple[tuple[int, tuple[str, ...]], ...] | None = None
 
     @property
     def hit_policy(self) -> str:
+        if self.policy is not None:
+            return self.policy
         return TRAILING_PAGES if self.name in _TRAILING else ALL_PAGES
 
     @property
     def trailing_pages(self) -> int | None:
         if self.hit_policy != TRAILING_PAGES:
             return None
-        return 1 if self.name == "mamba" else self.window
+        return 1 if self.name == "mamba" and self.served is None else self.window
 
     def to_json(self, suffixes: list[str]) -> dict:
         return {
@@ -112,7 +120,12 @@ def parse_pool(text: str) -> PoolSpec:
 
 
 def check_pool(spec: PoolSpec, version: str, mla: bool) -> None:
-    """InputError when SGLang `version` has no such pool or would refuse to key it."""
+    """InputError when SGLang `version` has no such pool or would refuse to key it.
+
+    A pool from a server's L3 layout is not checked: the server names what it registered.
+    """
+    if spec.served is not None:
+        return
     if spec.name == "kv":
         raise InputError("kv is the main pool: its objects are always listed; --pool names side pools.")
     if spec.name == "auxiliary_swa":
@@ -142,6 +155,11 @@ def check_pool(spec: PoolSpec, version: str, mla: bool) -> None:
 
 def pool_suffixes(spec: PoolSpec, scheme: ObjectKeyScheme) -> list[str]:
     """What follows the page key in each of `spec`'s objects for one rank, in SGLang's order."""
+    if spec.served is not None:
+        served = dict(spec.served)
+        if scheme.pp_rank not in served:
+            raise InputError(f"the server's L3 layout lists pool {spec.name} for no pp rank {scheme.pp_rank}.")
+        return list(served[scheme.pp_rank])
     if scheme.split_heads:
         raise InputError(
             "side pools with split heads (page_head, tp_lcm_size > tp_size): SGLang formats its list of "

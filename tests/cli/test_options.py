@@ -19,6 +19,8 @@ DIFFERENT_ON_PURPOSE = {
     ("--concurrency", "bench multiturn"): "clients arriving together, default none (one at a time, the published "
     "simulation), where warm's is prompts in flight with a default of 4",
     ("--sglang-url", "prefetch"): "prefetch has no deployment options to fill: the serve's settings are compared with it",
+    ("--sglang-url", "inspect store"): "inspect store has no deployment options to fill: the pools of the server's "
+    "L3 layout are checked against the keys",
 }
 EXCEPTIONS = DIFFERENT_ON_PURPOSE
 

@@ -14,9 +14,7 @@ import json
 import os
 import shlex
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -25,6 +23,7 @@ from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import free_port
 from hicache_ops.sglang.server_info import interpret, resolve_from_server
 from sglang_0_5_14 import run_0_5_14
+from sglang_server import HttpServer, body_0_5_23, json_route
 
 # A deployment whose key prefix, split heads and host layout all come from the server.
 LAUNCH = [
@@ -53,22 +52,6 @@ RESULT = jsonable_encoder({
 """
 
 
-def body_0_5_23(argv: list[str]) -> dict:
-    from fastapi.encoders import jsonable_encoder
-    from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils.common import build_server_info
-    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
-    from sglang.version import __version__
-
-    server_args = prepare_server_args(argv)
-    server_args.resolve_once()
-    scheduler_info = {**SCHEDULER_INFO, "startup_time": 1.0}
-    body = {**build_server_info(server_args, scheduler_info), "startup_time": 1.0, "internal_states": [{}],
-            "version": __version__, "frontend": "python"}  # fmt: skip
-    return jsonable_encoder(msgspec_to_builtins(redact_watermark_secrets(body)))
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-model")
@@ -86,43 +69,8 @@ def bodies(model_dir):
     argv = ["--model-path", model_dir, "--device", "cpu", *LAUNCH]
     return {
         "0.5.14": run_0_5_14(BODY_0_5_14, {"argv": argv, "scheduler_info": SCHEDULER_INFO}),
-        "0.5.23": body_0_5_23(argv),
+        "0.5.23": body_0_5_23(argv, SCHEDULER_INFO),
     }
-
-
-class FakeRoutes(BaseHTTPRequestHandler):
-    """Answers GET with `server.routes[path]` = (status, content type, body bytes), else 404 HTML."""
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        status, kind, body = self.server.routes.get(self.path, (404, "text/html", b"<html>Not Found</html>"))
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-class HttpServer:
-    """A real HTTP server on 127.0.0.1 in a thread, serving fixed routes."""
-
-    def __init__(self, routes: dict):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeRoutes)
-        self.httpd.routes = routes
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
-
-
-def json_route(body) -> tuple:
-    return 200, "application/json", json.dumps(body).encode()
 
 
 @pytest.fixture
