@@ -185,3 +185,41 @@ def test_cli_write_json_has_the_dcp_shards_step():
     shards = records["dcp shards"]["detail"]["dcp_pages"][0]["shards"]
     assert [s["token_positions"] for s in shards] == [list(range(0, PAGE, 2)), list(range(1, PAGE, 2))]
     assert records["verify on master"]["status"] == "PASS"
+
+
+def test_serve_with_dcp_traces_warms_and_names_a_lost_shard(tmp_path):
+    from serve_process import Serve
+
+    from hicache_ops.mooncake.store import StoreClient
+
+    serve = Serve(tmp_path, "--preset", "tiny-mla", "--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.23",
+                  "--page-size", str(PAGE), "--device-tokens", "512", "--prefetch-threshold", "32",
+                  "--hicache-storage-prefetch-policy", "wait_complete")
+    try:
+        config = serve.client.stats()["config"]
+        assert config["dcp_size"] == 2 and config["rank_page_size"] == PAGE // 2
+        assert config["key_prefix"] == "hicache-tiny_tp2_dcp2_page16_pp1_cp1_"
+        ids = ",".join(map(str, TOKENS))
+        write = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"])
+        assert write.exit_code == 0, write.stdout
+        records = {r["name"]: r for r in map(json.loads, write.stdout.splitlines())}
+        page1 = records["dcp shards"]["detail"]["dcp_pages"][1]
+        # warm checks the serve's objects under its DCP names: the prompt is already complete.
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text(json.dumps({"input_ids": TOKENS}) + "\n")
+        warm = hicache(["warm", str(prompts), "--serve", serve.url, "--json"])
+        assert warm.exit_code == 0 and json.loads(warm.stdout)["summary"]["present"] == 1, warm.stdout
+
+        lost = page1["shards"][1]["object_key"]
+        client = StoreClient.connect(config["master_rpc_address"], segment_size=16 << 20)
+        try:
+            assert client.remove_keys([lost], prefix=config["key_prefix"], force=True) == [0]
+        finally:
+            client.close()
+        read = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--allow-writes", "--json"])
+        assert read.exit_code == 1
+        failed = json.loads(read.stdout.splitlines()[-1])
+        assert failed["name"] == "batch_exists" and "misses the shard of DCP rank(s) 1" in failed["summary"]
+        assert failed["detail"]["missing_shards"][0]["object_key"] == lost
+    finally:
+        serve.stop()
