@@ -213,7 +213,8 @@ TpSizeOption = Annotated[
 DcpSizeOption = Annotated[
     int,
     typer.Option("--dcp-size", help="Decode-context-parallel size (SGLang 0.5.23 --dcp-size, MLA only): --page-size is the "
-                 "logical page SGLang widens to page x dcp; token i of a page goes to DCP rank i % dcp (docs/keys.md#dcp).",
+                 "logical page (SGLang's page x dcp); the prefix names the topology and DCP rank d holds tokens i % dcp == d "
+                 "of every page, one object per shard (docs/keys.md#dcp).",
                  metavar="N", rich_help_panel=DEPLOYMENT),
 ]
 TpRankOption = Annotated[

@@ -71,8 +71,7 @@ WRITE_EXAMPLES = examples(
 READ_EXAMPLES = examples(
     "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush",
     "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
-    "hicache trace read --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --step",
-    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard",
+    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard --step",
 )
 
 
