@@ -216,10 +216,15 @@ def test_serve_with_dcp_traces_warms_and_names_a_lost_shard(tmp_path):
             assert client.remove_keys([lost], prefix=config["key_prefix"], force=True) == [0]
         finally:
             client.close()
+        serve.client.flush()
+        observed = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])  # read-only
         read = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--flush", "--allow-writes", "--json"])
-        assert read.exit_code == 1
-        failed = json.loads(read.stdout.splitlines()[-1])
-        assert failed["name"] == "batch_exists" and "misses the shard of DCP rank(s) 1" in failed["summary"]
-        assert failed["detail"]["missing_shards"][0]["object_key"] == lost
+        for result in (observed, read):
+            assert result.exit_code == 1, result.stdout
+            records = [json.loads(line) for line in result.stdout.splitlines()]
+            failed = records[-1]
+            assert "dcp shards" in [r["name"] for r in records]
+            assert failed["name"] == "batch_exists" and "misses the shard of DCP rank(s) 1" in failed["summary"]
+            assert failed["detail"]["missing_shards"][0]["object_key"] == lost
     finally:
         serve.stop()
