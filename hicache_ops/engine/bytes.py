@@ -74,10 +74,6 @@ class BytesPlane:
         """The DCP shard tp rank `rank` holds (SGLang's contiguous groups: tp_rank % dcp_size)."""
         return rank % self.dcp_size
 
-    def shard_tokens(self, rank: int) -> list[int]:
-        """The token positions of a logical page that tp rank `rank` holds, in its row order."""
-        return list(range(self.dcp_rank(rank), self.logical_page_size, self.dcp_size))
-
     # reference bytes as a torch tensor in the pool's dtype
     def reference(self, storage_key: str, rank: int, device: torch.device) -> torch.Tensor:
         ref = reference_page(storage_key, self.geometry, self.logical_page_size, rank, self.tp_size)

@@ -136,6 +136,9 @@ def run_embedded(
         reader_spec = replace(spec, stop_policy="timeout")
     elif inject == "dcp-mismatch":
         writer_spec, reader_spec = _dcp_mismatch(spec)
+    elif inject == "missing-v" and spec.geometry.mla:
+        raise InputError("fault 'missing-v' removes a `_v` object, and an MLA model writes only `_k` objects.",
+                         hint="Use corrupted-object, or missing-dcp-shard with --dcp-size.")
     elif inject == "missing-dcp-shard" and spec.dcp_size == 1:
         raise InputError("fault 'missing-dcp-shard' removes one DCP shard's object: it needs --dcp-size > 1.")
     if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object", "missing-dcp-shard"):
@@ -216,7 +219,8 @@ def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
         store.remove_keys([key], prefix=last.prefix or key, force=True)
         return
     scheme = writer.l3.schemes[0]
-    k_key, v_key = scheme.object_keys(storage_keys[1])[:2]
+    k_key, *rest = scheme.object_keys(storage_keys[1])
+    v_key = rest[0] if rest else None  # MLA writes no `_v` (refused for missing-v in run_embedded)
     if inject == "missing-v":
         store.remove_keys([v_key], prefix=scheme.prefix or v_key, force=True)
     else:

@@ -228,3 +228,12 @@ def test_serve_with_dcp_traces_warms_and_names_a_lost_shard(tmp_path):
             assert failed["detail"]["missing_shards"][0]["object_key"] == lost
     finally:
         serve.stop()
+
+
+def test_a_corrupted_shard_fails_verification_and_missing_v_is_refused_under_mla():
+    run = run_embedded("read", TOKENS, SPEC, inject="corrupted-object")  # DCP rank 0's object of page 1
+    failed = run.failed_step
+    assert failed is not None and failed.name == "batch_get_into" and failed.detail["corrupt_pages"] == [1]
+    result = hicache(["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--preset", "tiny-mla", "--tp-size", "2",
+                      "--dcp-size", "2", "--sglang-version", "0.5.23", "--inject", "missing-v"])
+    assert result.exit_code == 2 and "only `_k` objects" in result.stderr, result.stderr
