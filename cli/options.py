@@ -210,6 +210,13 @@ TpSizeOption = Annotated[
     typer.Option("--tp-size", help="Attention tensor-parallel size (SGLang --tp-size; --tp-size / --dp-size with DP attention).", metavar="N",
                  rich_help_panel=DEPLOYMENT),
 ]
+DcpSizeOption = Annotated[
+    int,
+    typer.Option("--dcp-size", help="Decode-context-parallel size (SGLang 0.5.23 --dcp-size, MLA only): --page-size is the "
+                 "logical page (SGLang's page x dcp); the prefix names the topology and DCP rank d holds tokens i % dcp == d "
+                 "of every page, one object per shard (docs/keys.md#dcp).",
+                 metavar="N", rich_help_panel=DEPLOYMENT),
+]
 TpRankOption = Annotated[
     int | None,
     typer.Option("--tp-rank", help="Only this tp rank (default: every rank of the node).", metavar="N",

@@ -20,6 +20,7 @@ from .help import examples
 from .options import (
     DEPLOYMENT,
     OUTPUT,
+    DcpSizeOption,
     Device,
     DeviceOption,
     DeviceTokensOption,
@@ -73,8 +74,9 @@ def _panel(info: dict, url: str) -> Panel:
     rows = [
         ("API", url),
         ("model", f"{info['model_name']}  ({g.get('name') or 'custom'}: {shape}, {g['dtype']})"),
-        ("ranks", f"tp {info['tp_size']} on {', '.join(info['rank_devices'])}"),
-        ("L1 device", f"{info['device_pages']} pages x {info['page_size']} tokens per rank"),
+        ("ranks", f"tp {info['tp_size']} on {', '.join(info['rank_devices'])}"
+         + (f", DCP {info['dcp_size']} (token i of a page on DCP rank i % {info['dcp_size']})" if info.get("dcp_size", 1) > 1 else "")),
+        ("L1 device", f"{info['device_pages']} pages x {info.get('rank_page_size', info['page_size'])} tokens per rank"),
         ("L2 host", f"{info['host_pages']} pages, layout {info['host_layout']}, {info['bytes_per_page_per_rank']} B/page/rank"),
         ("policies", f"write {info['write_policy']}, prefetch {info['stop_policy']} (threshold {info['prefetch_threshold']})"),
         ("keys", f"SGLang {info['sglang_version']}, prefix {info['key_prefix'] or '(none)'}"),
@@ -142,6 +144,7 @@ def serve(
     model_name: ModelNameOption = "hicache/tiny",
     extra_backend_tag: ExtraBackendTagOption = None,
     tp_size: TpSizeOption = 1,
+    dcp_size: DcpSizeOption = 1,
     sglang_version: SglangVersionOption = None,
     log_dir: Annotated[
         str | None,
@@ -184,6 +187,7 @@ def serve(
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,
             tp_size=tp_size,
+            dcp_size=dcp_size,
             torch_device=check_device(device.value, tp_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything

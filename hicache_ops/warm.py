@@ -87,6 +87,8 @@ def deployment_of_serve(config: dict) -> Deployment:
     return Deployment(
         version=config["sglang_version"], model_name=config["model_name"], extra_backend_tag=config["extra_backend_tag"],
         tp_size=config["tp_size"], mla=config["geometry"]["attention"] == "mla", layout=config["host_layout"],
+        # a serve started with --dcp-size names its objects per DCP shard (docs/keys.md#dcp)
+        dcp_size=config.get("dcp_size", 1), page_size=config["page_size"],
     )
 
 

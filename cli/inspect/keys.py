@@ -15,6 +15,7 @@ from ..options import (
     DEPLOYMENT,
     AllOption,
     CacheSaltOption,
+    DcpSizeOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
     HostLayout,
@@ -186,16 +187,7 @@ def keys(
         typer.Option("--pp-rank", help="Only this pp rank (default: every rank).", metavar="N", show_default=False,
                      rich_help_panel=DEPLOYMENT),
     ] = None,
-    dcp_size: Annotated[
-        int,
-        typer.Option(
-            "--dcp-size",
-            help="Decode-context-parallel size (SGLang 0.5.23, MLA): the prefix names the topology and "
-            "each DCP shard writes its own object (docs/keys.md#dcp).",
-            metavar="N",
-            rich_help_panel=DEPLOYMENT,
-        ),
-    ] = 1,
+    dcp_size: DcpSizeOption = 1,
     dcp_rank: Annotated[
         int | None,
         typer.Option("--dcp-rank", help="Only this DCP shard (default: every shard).", metavar="N", show_default=False,

@@ -14,6 +14,7 @@ from ..help import examples
 from ..options import (
     INPUT,
     CacheSaltOption,
+    DcpSizeOption,
     DeviceTokensOption,
     ExtraBackendTagOption,
     ExtraKeyOption,
@@ -49,7 +50,8 @@ InjectOption = Annotated[
     typer.Option(
         "--inject",
         help="Reproduce a known failure (embedded only): missing-v, tp-rank-mismatch, salt-mismatch, "
-        "version-mismatch, below-threshold, write-back-no-eviction, prefetch-timeout, corrupted-object.",
+        "version-mismatch, below-threshold, write-back-no-eviction, prefetch-timeout, corrupted-object, "
+        "missing-dcp-shard, dcp-mismatch.",
         metavar="FAULT",
         show_default=False,
     ),
@@ -69,7 +71,7 @@ WRITE_EXAMPLES = examples(
 READ_EXAMPLES = examples(
     "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush",
     "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
-    "hicache trace read --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 --step",
+    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard --step",
 )
 
 
@@ -83,8 +85,26 @@ def _render_step(step: dict) -> None:
         stdout.print(f"      [dim]checks:[/] {step['invariant']}")
     if step.get("state"):
         stdout.print(f"      [dim]state:[/]  {step['state']}")
+    pages = (step.get("detail") or {}).get("dcp_pages", [])
+    for page in pages[:_DCP_PAGES_SHOWN]:
+        for shard in page["shards"]:
+            positions = shard["token_positions"]
+            stdout.print(f"      page {page['page']}  DCP rank {shard['dcp_rank']}: tokens {_span(positions)} "
+                         f"-> {shard['object_key']}", soft_wrap=True)
+    if len(pages) > _DCP_PAGES_SHOWN:
+        stdout.print(f"      [dim]... {len(pages) - _DCP_PAGES_SHOWN} more page(s) in --json[/]")
     for cause in step.get("causes", []):
         stdout.print(f"      [yellow]-[/] {cause}")
+
+
+_DCP_PAGES_SHOWN = 2
+
+
+def _span(positions: list[int]) -> str:
+    """Prompt positions of a shard's tokens: `16,18,..,30` (every dcp-th one)."""
+    if len(positions) <= 3:
+        return ",".join(map(str, positions))
+    return f"{positions[0]},{positions[1]},..,{positions[-1]}"
 
 
 def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
@@ -154,7 +174,8 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
             stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]")
 
 
-def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name, extra_backend_tag, write_policy, stop_policy, prefetch_threshold, layout):
+def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name, extra_backend_tag, write_policy, stop_policy,
+          prefetch_threshold, layout, dcp_size):
     from hicache_ops.engine.builder import EngineSpec
     from hicache_ops.sglang.geometry import preset as load_preset
     from hicache_ops.sglang.versions import default_version, validate_version
@@ -163,7 +184,7 @@ def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name,
         geometry=load_preset(preset), page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
         sglang_version=validate_version(sglang_version or default_version()), model_name=model_name,
         extra_backend_tag=extra_backend_tag, write_policy=write_policy, stop_policy=stop_policy,
-        prefetch_threshold=prefetch_threshold, layout=layout,
+        prefetch_threshold=prefetch_threshold, layout=layout, dcp_size=dcp_size,
     )
     spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
     return spec
@@ -190,6 +211,7 @@ def _command(kind: str):
         preset: PresetOption = "tiny",
         device_tokens: DeviceTokensOption = 4096,
         tp_size: TpSizeOption = 1,
+        dcp_size: DcpSizeOption = 1,
         sglang_version: SglangVersionOption = None,
         model_name: ModelNameOption = "hicache/tiny",
         extra_backend_tag: ExtraBackendTagOption = None,
@@ -201,7 +223,7 @@ def _command(kind: str):
         json_output: JsonOption = False,
     ) -> None:
         engine_flags = {"page_size": "--page-size", "preset": "--preset", "device_tokens": "--device-tokens", "tp_size": "--tp-size",
-                        "sglang_version": "--sglang-version", "model_name": "--model-name", "extra_backend_tag": "--extra-backend-tag",
+                        "dcp_size": "--dcp-size", "sglang_version": "--sglang-version", "model_name": "--model-name", "extra_backend_tag": "--extra-backend-tag",
                         "write_policy": "--hicache-write-policy", "stop_policy": "--hicache-storage-prefetch-policy",
                         "prefetch_threshold": "--prefetch-threshold", "layout": "--hicache-mem-layout"}
         given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
@@ -211,7 +233,7 @@ def _command(kind: str):
             dict(preset=preset, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
                  sglang_version=value_of(sglang_version), model_name=model_name, extra_backend_tag=extra_backend_tag,
                  write_policy=write_policy.value, stop_policy=stop_policy.value, prefetch_threshold=prefetch_threshold,
-                 layout=layout.value),
+                 layout=layout.value, dcp_size=dcp_size),
             extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given, allow_writes,
         )
 
@@ -224,6 +246,6 @@ def _command(kind: str):
 
 write = _command("write")
 # The embedded engine reproduces the server's key path and policies (its geometry stays --preset).
-read = sglang_url_option("sglang_version", "page_size", "tp_size", "model_name", "extra_backend_tag", "write_policy",
+read = sglang_url_option("sglang_version", "page_size", "tp_size", "dcp_size", "model_name", "extra_backend_tag", "write_policy",
                          "prefetch_threshold", "layout", prefetch_policy="stop_policy")(_command("read"))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ..sglang.keys import Deployment, ObjectKeyScheme
+from ..sglang.keys import Deployment, ObjectKeyScheme, check_dcp
 from ..sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
 from ..sglang.host_pool import HostPoolLayout
 from ..sglang.rewrites import resolve_layout
@@ -40,12 +40,43 @@ class EngineSpec:
     enable_l2: bool = True
     host_memory_mode: str = "cache"  # 0.5.23 --hicache-host-memory-mode; only cache is modelled
     torch_device: str = "auto"  # "auto": cuda:r per rank when there are tp_size GPUs, else cpu
+    # 0.5.23 decode context parallel (MLA only; docs/keys.md#dcp). `page_size` and `device_tokens`
+    # stay logical (the tree's and the page keys' widened page); each rank holds 1/dcp_size of them.
+    dcp_size: int = 1
+
+    @property
+    def rank_page_size(self) -> int:
+        """Tokens of each page one rank holds: the logical page split over the DCP shards."""
+        return self.page_size // self.dcp_size
+
+    def check_dcp(self) -> None:
+        """SGLang's conditions for DCP with a Mooncake L3, plus what the engine models (one sentence each)."""
+        if self.dcp_size == 1:
+            return
+        if isinstance(self.dcp_size, bool) or not isinstance(self.dcp_size, int) or self.dcp_size < 1:
+            raise InputError(f"dcp-size {self.dcp_size!r} is not a positive integer.")
+        if not self.geometry.mla:
+            raise InputError(f"dcp-size {self.dcp_size} needs an MLA model: SGLang runs HiCache with DCP for MLA only.",
+                             hint="Use an MLA geometry, such as --preset tiny-mla.")
+        check_dcp(self.sglang_version, self.geometry.mla, self.tp_size, self.dcp_size, self.page_size)
 
     def host_layout(self, mooncake: bool) -> HostPoolLayout:
-        layout, _, _ = resolve_layout(self.layout, self.io_backend, mooncake, version=self.sglang_version)
+        """One rank's host pool. Under DCP a rank's page is `rank_page_size` tokens of the logical page,
+        and its pools hold `device_tokens // dcp_size` tokens, so host pages and logical pages pair 1:1."""
+        self.check_dcp()
+        layout, _, _ = resolve_layout(
+            self.layout, self.io_backend, mooncake, version=self.sglang_version, dcp_size=self.dcp_size
+        )
+        if mooncake and self.dcp_size > 1 and layout == "layer_first":
+            raise InputError(
+                "layout layer_first with DCP: SGLang keeps it and writes each page as a multi-buffer object of one "
+                "piece per layer, which the embedded engine does not model.",
+                hint="Use --hicache-mem-layout page_first (or page_first_direct).",
+            )
         return HostPoolLayout(
-            self.geometry, layout, self.page_size, self.device_tokens, self.hicache_ratio, self.hicache_size_gb,
-            tp_size=self.tp_size, tp_lcm_size=self.tp_lcm_size, sglang_version=self.sglang_version, mooncake=mooncake,
+            self.geometry, layout, self.rank_page_size, self.device_tokens // self.dcp_size, self.hicache_ratio,
+            self.hicache_size_gb, tp_size=self.tp_size, tp_lcm_size=self.tp_lcm_size,
+            sglang_version=self.sglang_version, mooncake=mooncake,
         )
 
     def deployment(self) -> Deployment:
@@ -53,16 +84,18 @@ class EngineSpec:
         return Deployment(
             version=self.sglang_version, model_name=self.model_name, extra_backend_tag=self.extra_backend_tag,
             tp_size=self.tp_size, mla=self.geometry.mla, layout=self.host_layout(mooncake=True).layout,
-            tp_lcm_size=self.tp_lcm_size,
+            tp_lcm_size=self.tp_lcm_size, dcp_size=self.dcp_size, page_size=self.page_size,
         )
 
     def schemes(self) -> list[ObjectKeyScheme]:
-        """Every rank's object naming, writing or not (MLA ranks above 0 only read)."""
+        """Every rank's object naming, writing or not (MLA ranks above 0 only read; under DCP the
+        ranks of the first DCP group write, one object per shard, and tp rank r reads shard r % dcp_size)."""
         dep = self.deployment()
         return [
             ObjectKeyScheme(
                 dep.version, model_name=dep.model_name, extra_backend_tag=dep.extra_backend_tag, tp_rank=r,
                 tp_size=dep.tp_size, mla=dep.mla, layout=dep.layout, tp_lcm_size=dep.tp_lcm_size,
+                dcp_size=dep.dcp_size, page_size=dep.page_size,
             )
             for r in range(self.tp_size)
         ]
@@ -99,7 +132,8 @@ class EngineSpec:
     def memory_needed(self) -> dict:
         """Bytes every rank's pools take, summed over ranks (checked before allocating)."""
         host = self.host_layout(mooncake=True)
-        device_per_rank = (self.device_tokens + self.page_size) * self.geometry.bytes_per_token(self.tp_size)
+        rank_tokens = (self.device_tokens + self.page_size) // self.dcp_size
+        device_per_rank = rank_tokens * self.geometry.bytes_per_token(self.tp_size)
         return {"host": host.host_bytes * self.tp_size, "device": device_per_rank * self.tp_size}
 
 
@@ -150,10 +184,11 @@ def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
     config = spec.cache_config(host)
     devices = spec.rank_devices()
     ranks = [
-        allocate_rank(r, spec.geometry, host, spec.device_tokens, spec.page_size, spec.tp_size, devices[r])
+        allocate_rank(r, spec.geometry, host, spec.device_tokens // spec.dcp_size, spec.rank_page_size, spec.tp_size,
+                      devices[r])
         for r in range(spec.tp_size)
     ]
-    plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size)
+    plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size, dcp_size=spec.dcp_size)
     l3 = None
     if store is not None:
         for pools in ranks:

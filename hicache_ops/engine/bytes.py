@@ -1,7 +1,9 @@
 """Real bytes: per-rank device (L1) and host (L2) pools, the transfer kernels, and Mooncake as L3.
 
 Each tp rank owns a layer-first device pool and a host pool in an SGLang layout, holding its share
-of the KV heads (MLA: the full latent row, replicated). Device page p occupies slots
+of the KV heads (MLA: the full latent row, replicated). Under 0.5.23 decode context parallel a rank
+holds only its DCP shard of every page: token i of a logical page belongs to shard i % dcp_size,
+at row i // dcp_size of the rank's page (docs/keys.md#dcp-token-split). Device page p occupies slots
 (p+1)*page_size.. like SGLang's padded pool, whose first page absorbs padded writes.
 `compute` writes the reference KV of each page (reference.py); every load-back and every L3 read
 is compared byte for byte with a fresh reference, and mismatches are counted, never hidden.
@@ -56,19 +58,27 @@ def allocate_rank(
 class BytesPlane:
     """Moves and verifies real KV bytes for every rank."""
 
-    def __init__(self, ranks: list[RankPools], geometry: ModelGeometry, page_size: int, tp_size: int):
+    def __init__(self, ranks: list[RankPools], geometry: ModelGeometry, page_size: int, tp_size: int, dcp_size: int = 1):
         self.ranks = ranks
         self.geometry = geometry
-        self.page_size = page_size
+        self.logical_page_size = page_size  # the tree's page (the page keys' tokens)
+        self.dcp_size = dcp_size
+        self.page_size = page_size // dcp_size  # tokens of each page one rank's pools hold
         self.tp_size = tp_size
         self.layout = ranks[0].host_layout.layout
         self.bytes_per_page = ranks[0].host_layout.bytes_per_page  # one rank
         self._int = _INT_VIEW[geometry.itemsize]
         self._np_int = _NP_INT[geometry.itemsize]
 
+    def dcp_rank(self, rank: int) -> int:
+        """The DCP shard tp rank `rank` holds (SGLang's contiguous groups: tp_rank % dcp_size)."""
+        return rank % self.dcp_size
+
     # reference bytes as a torch tensor in the pool's dtype
     def reference(self, storage_key: str, rank: int, device: torch.device) -> torch.Tensor:
-        ref = reference_page(storage_key, self.geometry, self.page_size, rank, self.tp_size)
+        ref = reference_page(storage_key, self.geometry, self.logical_page_size, rank, self.tp_size)
+        if self.dcp_size > 1:  # MLA (L, page, 1, C): this rank's interleaved tokens
+            ref = np.ascontiguousarray(ref[:, self.dcp_rank(rank) :: self.dcp_size])
         return torch.from_numpy(ref.view(self._np_int)).to(device).view(self.ranks[0].device_k.dtype)
 
     def _slots(self, page: int) -> slice:

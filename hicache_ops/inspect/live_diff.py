@@ -327,7 +327,9 @@ def incomplete_page(lookup: Lookup, _: list[dict]) -> list[dict]:
 def missing_ranks(lookup: Lookup, _: list[dict]) -> list[dict]:
     """Some ranks wrote every missing page and others none: a writer with another TP/PP layout."""
     missing = lookup.missing_pages
-    if not missing:
+    # A DCP prefix names the tp and pp sizes, so another layout cannot share it: a missing shard is
+    # a lost object, which incomplete_page reports (docs/keys.md#dcp).
+    if not missing or lookup.deployment.dcp_size > 1:
         return []
     flag_of = {k: ok for row, flags in zip(lookup.pages, lookup.present) for k, ok in zip(row.object_keys, flags)}
     rank_complete: dict[str, bool] = {}

@@ -191,6 +191,8 @@ class Runtime:
             "geometry": self.spec.geometry.to_json(),
             "page_size": self.spec.page_size,
             "tp_size": self.spec.tp_size,
+            "dcp_size": self.spec.dcp_size,
+            "rank_page_size": self.spec.rank_page_size,  # tokens of a page one rank holds (DCP splits it)
             "rank_devices": [str(r.device_k.device) for r in cache.plane.ranks],
             "device_pages": cache.config.device_pages,
             "host_pages": cache.config.host_pages,
@@ -229,8 +231,9 @@ class Runtime:
 
         spec = self.spec
         return inspect_layout(
-            spec.geometry, layout=spec.layout, io_backend=spec.io_backend, page_size=spec.page_size,
-            device_tokens=spec.device_tokens, hicache_ratio=spec.hicache_ratio, hicache_size_gb=spec.hicache_size_gb,
+            # one rank's pools: under DCP a rank holds 1/dcp_size of every page
+            spec.geometry, layout=spec.layout, io_backend=spec.io_backend, page_size=spec.rank_page_size,
+            device_tokens=spec.device_tokens // spec.dcp_size, hicache_ratio=spec.hicache_ratio, hicache_size_gb=spec.hicache_size_gb,
             tp_size=spec.tp_size, tp_lcm_size=spec.tp_lcm_size, pages=[0], sglang_version=spec.sglang_version,
             mooncake=self.store is not None,
         ).to_json()

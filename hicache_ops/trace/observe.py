@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..sglang import policy as pol
+from . import dcp as dcp_view
 from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short
 
 
@@ -69,14 +70,22 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
         hit = min(rank_hits) if rank_hits else 0
         detail = {"rank_hits": rank_hits, "contiguous_pages": hit, "queried_pages": len(suffix),
                   "first_query_keys": cache.l3.schemes[0].object_keys(suffix[0]) if suffix else []}
+        if dcp_view.dcp_size_of(cache.l3.schemes) > 1:
+            t.add("dcp shards", INFO, dcp_view.shard_summary(cache), detail={
+                "dcp_size": dcp_view.dcp_size_of(cache.l3.schemes),
+                "dcp_pages": dcp_view.shard_table(cache, tokens, list(range(pos, n)), suffix)})
         if hit < len(suffix):
             causes = diagnose() if diagnose else []
+            named, shards, shard_causes = dcp_view.explain_missing(cache.l3.schemes, rank_hits, suffix, pos)
+            if shards:
+                detail["missing_shards"] = shards
+                causes = shard_causes + causes
             if hit * ps < threshold:
                 t.add("batch_exists", FAIL, f"L3 holds {hit} contiguous page(s) of {len(suffix)} over all ranks "
-                      f"(per rank {rank_hits}): below the threshold, the prefetch is revoked", detail=detail,
+                      f"(per rank {rank_hits}): below the threshold, the prefetch is revoked{named}", detail=detail,
                       causes=causes or ["the pages were never written (write policy)", "another namespace, model prefix, rank or version"])
                 return t.steps
-            t.add("batch_exists", FAIL, f"the prefix stops after {hit} of {len(suffix)} pages (per rank {rank_hits})",
+            t.add("batch_exists", FAIL, f"the prefix stops after {hit} of {len(suffix)} pages (per rank {rank_hits}){named}",
                   detail=detail, causes=causes or ["an object of the next page is missing"])
             return t.steps
         t.add("batch_exists", PASS, f"all {len(suffix)} pages are in L3 on every rank ({rank_hits})",

@@ -28,6 +28,10 @@ FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
     "write-back-no-eviction": (("write", "read"), "the writer uses write_back and never evicts"),
     "prefetch-timeout": (("read",), "L3 reads take 0.5 s per page and the reader's stop policy is timeout"),
     "corrupted-object": (("read",), "the `_k` object of the prompt's second page is overwritten with other bytes"),
+    "missing-dcp-shard": (("read",), "remove the last DCP rank's object of the prompt's second page after the write "
+                          "(needs --dcp-size > 1)"),
+    "dcp-mismatch": (("read",), "the writer runs decode context parallel (--dcp-size, or 2), the reader looks the "
+                     "keys up without DCP (needs an MLA --preset, SGLang 0.5.23)"),
 }
 
 
@@ -130,7 +134,14 @@ def run_embedded(
         r_tokens = tokens[: max(ps, ((threshold - 1) // ps) * ps)]
     elif inject == "prefetch-timeout":
         reader_spec = replace(spec, stop_policy="timeout")
-    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object"):
+    elif inject == "dcp-mismatch":
+        writer_spec, reader_spec = _dcp_mismatch(spec)
+    elif inject == "missing-v" and spec.geometry.mla:
+        raise InputError("fault 'missing-v' removes a `_v` object, and an MLA model writes only `_k` objects.",
+                         hint="Use corrupted-object, or missing-dcp-shard with --dcp-size.")
+    elif inject == "missing-dcp-shard" and spec.dcp_size == 1:
+        raise InputError("fault 'missing-dcp-shard' removes one DCP shard's object: it needs --dcp-size > 1.")
+    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object", "missing-dcp-shard"):
         raise InputError(f"fault {inject!r} needs a prompt of at least two pages ({2 * spec.page_size} tokens).")
 
     # The master's log lives as long as the run: an embedded trace leaves nothing behind.
@@ -174,9 +185,24 @@ def run_embedded(
                 client.close()
 
 
+def _dcp_mismatch(spec: EngineSpec) -> tuple[EngineSpec, EngineSpec]:
+    """A DCP writer (the given --dcp-size, else 2) and the same deployment reading without DCP."""
+    if not spec.geometry.mla:
+        raise InputError("fault 'dcp-mismatch' needs an MLA model: SGLang runs DCP with MLA only.",
+                         hint="Pass an MLA --preset such as tiny-mla.")
+    dcp = spec.dcp_size if spec.dcp_size > 1 else 2
+    tp = spec.tp_size if spec.tp_size % dcp == 0 else dcp
+    writer = replace(spec, dcp_size=dcp, tp_size=tp)
+    reader = replace(writer, dcp_size=1)
+    for side in (writer, reader):
+        side.cache_config(side.host_layout(mooncake=True))  # refuse before any master starts
+    return writer, reader
+
+
 def _describe(spec: EngineSpec, extra_key, cache_salt) -> dict:
     return {
-        "sglang_version": spec.sglang_version, "tp_size": spec.tp_size, "write_policy": spec.write_policy,
+        "sglang_version": spec.sglang_version, "tp_size": spec.tp_size, "dcp_size": spec.dcp_size,
+        "write_policy": spec.write_policy,
         "stop_policy": spec.stop_policy, "layout": spec.layout, "model_name": spec.model_name,
         "extra_key": extra_key, "cache_salt": cache_salt, "prefetch_threshold": spec.prefetch_threshold,
     }
@@ -184,11 +210,17 @@ def _describe(spec: EngineSpec, extra_key, cache_salt) -> dict:
 
 def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
     """Change the objects between write and read, for the faults that do."""
-    if inject not in ("missing-v", "corrupted-object"):
+    if inject not in ("missing-v", "corrupted-object", "missing-dcp-shard"):
         return
     _, storage_keys = writer.keys_for(np.asarray(tokens), extra_key, cache_salt)
+    if inject == "missing-dcp-shard":
+        last = max((s for s in writer.l3.schemes if s.writes), key=lambda s: s.dcp_rank)
+        (key,) = last.object_keys(storage_keys[1])
+        store.remove_keys([key], prefix=last.prefix or key, force=True)
+        return
     scheme = writer.l3.schemes[0]
-    k_key, v_key = scheme.object_keys(storage_keys[1])[:2]
+    k_key, *rest = scheme.object_keys(storage_keys[1])
+    v_key = rest[0] if rest else None  # MLA writes no `_v` (refused for missing-v in run_embedded)
     if inject == "missing-v":
         store.remove_keys([v_key], prefix=scheme.prefix or v_key, force=True)
     else:

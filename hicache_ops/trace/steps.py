@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..sglang import policy as pol
 from ..sglang.keys import hash_page, namespace_seed
+from . import dcp as dcp_view
 
 PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
 
@@ -239,7 +240,7 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
           invariant=f"sha256(prior || tokens as u32 LE), SGLang {cfg.sglang_version}", detail=detail)
     schemes = cache.l3.schemes
     per_rank = {
-        f"tp{s.tp_rank}" + (f"/pp{s.pp_rank}" if s.pp_size > 1 else ""): {
+        f"tp{s.tp_rank}" + (f"/pp{s.pp_rank}" if s.pp_size > 1 else "") + (f"/dcp{s.dcp_rank}" if s.dcp_size > 1 else ""): {
             "prefix": s.prefix, "suffixes": s.suffixes, "writes": s.writes, "first_page": s.object_keys(keys[0]),
         }
         for s in schemes
@@ -247,6 +248,8 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
     t.add("object keys", PASS, f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} object(s) over "
           f"{len(schemes)} rank(s), prefix {schemes[0].prefix or '(none)'}",
           invariant="{prefix}{page_key}{rank suffix}{_k|_v}, as SGLang's MooncakeStore names them", detail={"ranks": per_rank})
+    if dcp_view.dcp_size_of(schemes) > 1:
+        _dcp_step(t, cache, tokens, [n.depth for n in nodes], keys)
     objects = outcome.objects
     if objects:
         existed = [o["key"] for o in objects if o["existed"]]
@@ -264,10 +267,19 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
               state="L3 holds the objects (in this client's segment)", detail={"objects": put})
 
 
+def _dcp_step(t: Tracer, cache, tokens, depths: list[int], keys: list[str]) -> None:
+    """Which DCP rank holds which tokens of each page, and the object key its shard goes under."""
+    table = dcp_view.shard_table(cache, tokens, depths, keys)
+    # Shown, not checked here: each rank's host copy is checked against its shard of the reference
+    # (device to host), and each object against that host copy (verify on master).
+    t.add("dcp shards", INFO, dcp_view.shard_summary(cache),
+          detail={"dcp_size": dcp_view.dcp_size_of(cache.l3.schemes), "dcp_pages": table})
+
+
 def _verify_on_master(t: Tracer, cache, nodes) -> None:
     """Every expected object of the prompt's pages is on the master with the host copy's bytes."""
     store = cache.l3.store
-    expected, sources = [], []
+    expected, sources, shard_of = [], [], {}
     for scheme in cache.l3.schemes:
         if not scheme.writes:
             continue
@@ -276,10 +288,14 @@ def _verify_on_master(t: Tracer, cache, nodes) -> None:
             for i, key in enumerate(scheme.object_keys(node.storage_key)):
                 expected.append(key)
                 sources.append((pools, node, i))
+                shard_of[key] = (scheme.dcp_rank, node.depth)
     exists = store.batch_is_exist(expected)
     missing = [k for k, e in zip(expected, exists) if not e]
     if missing:
-        t.fail("verify on master", f"{len(missing)} of {len(expected)} expected object(s) are not on the master",
+        shards = sorted({shard_of[k] for k in missing}) if dcp_view.dcp_size_of(cache.l3.schemes) > 1 else []
+        where = "; ".join(f"DCP rank {d}'s object of page {p}" for d, p in shards[:5])
+        t.fail("verify on master", f"{len(missing)} of {len(expected)} expected object(s) are not on the master"
+               + (f" ({where})" if where else ""),
                ["the writing client closed or died (objects live in its segment)", "evicted under memory pressure",
                 "removed by someone"], detail={"missing": missing[:20]})
     differ = []
@@ -335,6 +351,7 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         elif event == "prefetch_decision":
             info = data["info"]
             state["prefetch"] = True
+            state["first_page"] = data["first_page"]
             detail = {"considered_tokens": info.considered_tokens, "threshold": info.threshold,
                       "first_page": data["first_page"], "host_free_pages": data["host_free_pages"],
                       "capacity_tokens": data["capacity_tokens"], "capacity_rule": data["capacity_rule"],
@@ -353,14 +370,24 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             hit = min(info.rank_hits) if info.rank_hits else 0
             detail = {"rank_hits": info.rank_hits, "contiguous_pages": hit, "queried_pages": len(keys),
                       "first_query_keys": data["schemes"][0].object_keys(keys[0]) if keys else []}
+            first = state.get("first_page", 0)
+            dcp = dcp_view.dcp_size_of(data["schemes"])
+            if dcp > 1:
+                t.add("dcp shards", INFO, dcp_view.shard_summary(cache),
+                      detail={"dcp_size": dcp, "dcp_pages": dcp_view.shard_table(
+                          cache, tokens, list(range(first, first + len(keys))), keys)})
             if hit < len(keys):
                 causes = diagnose() if diagnose else []
+                named, shards, shard_causes = dcp_view.explain_missing(data["schemes"], info.rank_hits, keys, first)
+                if shards:
+                    detail["missing_shards"] = shards
+                    causes = shard_causes + causes
                 if hit * ps < info.threshold:
                     t.fail("batch_exists", f"L3 holds {hit} contiguous page(s) of {len(keys)} over all ranks "
-                           f"(per rank {info.rank_hits}): below the threshold, the prefetch is revoked",
+                           f"(per rank {info.rank_hits}): below the threshold, the prefetch is revoked{named}",
                            causes or ["the pages were never written (write policy)", "another namespace, model prefix, rank or version"],
                            detail=detail)
-                t.fail("batch_exists", f"the prefix stops after {hit} of {len(keys)} pages (per rank {info.rank_hits})",
+                t.fail("batch_exists", f"the prefix stops after {hit} of {len(keys)} pages (per rank {info.rank_hits}){named}",
                        causes or ["an object of the next page is missing"], detail=detail)
             t.add("batch_exists", PASS, f"all {len(keys)} pages are in L3 on every rank ({info.rank_hits})",
                   invariant="the contiguous prefix whose objects ALL exist, minimum over ranks", detail=detail)
