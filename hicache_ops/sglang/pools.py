@@ -8,7 +8,7 @@ Mooncake store zips them with the pool's buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from .keys import ObjectKeyScheme
@@ -56,6 +56,12 @@ class PoolSpec:
     class (`draft`, `draft_swa`); None means the deployment's. `conv` / `temporal` describe a
     Mamba pool (conv states, whether the temporal state has elements); `window` is the
     trailing-pages window of an SWA-indexed pool (Mamba always 1).
+
+    The rest describe the pool's host buffers for `inspect layout` (docs/side-pools.md#side-host-pools);
+    None means "from the KV geometry" where that makes sense. `layers`: the pool's layers;
+    `tokens`: its device pool's slots (SWA tokens, Mamba state slots); `heads` / `head_dim`: an
+    MHA pool's KV heads (before TP) and head size; `conv_shapes` / `temporal_shape`: one layer's
+    Mamba states at tp-size 1 (SGLang splits the first dimension over the ranks); their dtypes.
     """
 
     name: str
@@ -63,6 +69,14 @@ class PoolSpec:
     conv: int = 1
     temporal: bool = True
     window: int = 1
+    layers: int | None = None
+    tokens: int | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    conv_shapes: tuple[tuple[int, ...], ...] | None = None
+    temporal_shape: tuple[int, ...] | None = None
+    conv_dtype: str | None = None
+    temporal_dtype: str | None = None
 
     @property
     def hit_policy(self) -> str:
@@ -83,8 +97,26 @@ class PoolSpec:
         }
 
 
+# Mamba state dtypes SGLang accepts (mamba_ssm_dtype / SGLANG_MAMBA_CONV_DTYPE).
+MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+_INT_OPTIONS = {"conv": 0, "window": 1, "layers": 1, "tokens": 1, "heads": 1, "head_dim": 1}  # name -> least value
+_OPTION_NAMES = (
+    "attention, conv, temporal, window, layers, tokens, heads, head_dim, conv_shapes, temporal_shape, "
+    "conv_dtype, temporal_dtype"
+)
+
+
+def _parse_shape(text: str, value: str, key: str, *, zero: bool = False) -> tuple[int, ...]:
+    dims = value.lower().split("x")
+    if not all(d.isdigit() for d in dims) or not all(int(d) > 0 or zero for d in dims):
+        raise InputError(f"--pool {text!r}: {key} {value!r} is not a shape like 8192x3 (positive integers joined by x).")
+    return tuple(int(d) for d in dims)
+
+
 def parse_pool(text: str) -> PoolSpec:
-    """`NAME[:k=v,...]` as `--pool` takes it: attention=mla|mha, conv=N, temporal=0|1, window=PAGES."""
+    """`NAME[:k=v,...]` as `--pool` takes it: attention=mla|mha, conv=N, temporal=0|1, window=PAGES,
+    and for `inspect layout` layers=N, tokens=N, heads=N, head_dim=N, conv_shapes=AxB[+CxD...],
+    temporal_shape=AxBxC, conv_dtype=DTYPE, temporal_dtype=DTYPE."""
     name, _, options = text.partition(":")
     name = name.strip()
     if not name:
@@ -98,16 +130,31 @@ def parse_pool(text: str) -> PoolSpec:
             if value not in ("mla", "mha"):
                 raise InputError(f"--pool {text!r}: attention is mla or mha, not {value!r}.")
             fields["attention"] = value
-        elif key in ("conv", "window"):
-            if not value.isdigit() or (key == "window" and int(value) < 1):
-                raise InputError(f"--pool {text!r}: {key} must be a {'positive' if key == 'window' else 'non-negative'} integer.")
+        elif key in _INT_OPTIONS:
+            least = _INT_OPTIONS[key]
+            if not value.isdigit() or int(value) < least:
+                raise InputError(f"--pool {text!r}: {key} must be a {'positive' if least else 'non-negative'} integer.")
             fields[key] = int(value)
         elif key == "temporal":
             if value not in ("0", "1"):
                 raise InputError(f"--pool {text!r}: temporal is 0 or 1, not {value!r}.")
             fields["temporal"] = value == "1"
+        elif key == "conv_shapes":
+            fields[key] = tuple(_parse_shape(text, shape, key) for shape in value.split("+"))
+        elif key == "temporal_shape":
+            fields[key] = _parse_shape(text, value, key)
+        elif key in ("conv_dtype", "temporal_dtype"):
+            if value not in MAMBA_DTYPES:
+                raise InputError(f"--pool {text!r}: {key} is one of {', '.join(MAMBA_DTYPES)}, not {value!r}.")
+            fields[key] = value
         else:
-            raise InputError(f"--pool {text!r}: unknown option {key!r} (attention, conv, temporal, window).")
+            raise InputError(f"--pool {text!r}: unknown option {key!r} ({_OPTION_NAMES}).")
+    if "conv_shapes" in fields:
+        if "conv" in fields and fields["conv"] != len(fields["conv_shapes"]):
+            raise InputError(f"--pool {text!r}: conv={fields['conv']} but {len(fields['conv_shapes'])} conv_shapes.")
+        fields["conv"] = len(fields["conv_shapes"])
+    if "temporal_shape" in fields and fields.get("temporal") is False:
+        raise InputError(f"--pool {text!r}: temporal=0 means the temporal state is empty; drop temporal_shape.")
     return PoolSpec(name, **fields)
 
 
@@ -186,7 +233,7 @@ class PoolPreset:
         # SGLang's full_window_pages: the window rounded up to whole pages.
         window = -(-self.sliding_window_tokens // page_size)
         return [
-            PoolSpec(p.name, p.attention, p.conv, p.temporal, window) if p.hit_policy == TRAILING_PAGES and p.name != "mamba" else p
+            replace(p, window=window) if p.hit_policy == TRAILING_PAGES and p.name != "mamba" else p
             for p in self.pools
         ]
 
