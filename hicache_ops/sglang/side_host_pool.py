@@ -34,7 +34,10 @@ _MAMBA_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 DSA_INDEX_HEAD_DIM = 128
 DSA_QUANT_BLOCK = 128
 DSA_BYTES_PER_TOKEN_LAYER = DSA_INDEX_HEAD_DIM + DSA_INDEX_HEAD_DIM // DSA_QUANT_BLOCK * 4
-DSA_PAGE_SIZE = 64  # SGLang's DSA device pool asserts 64-token pages (CUDA)
+DSA_PAGE_SIZE = 64
+# Mamba device slots when not given: SGLang sizes that pool from free GPU memory (it logs
+# max_mamba_cache_size at start-up), so any default is an assumption the report names.
+DEFAULT_MAMBA_SLOTS = 256  # SGLang's DSA device pool asserts 64-token pages (CUDA)
 PAGE_FIRST = ("page_first", "page_first_direct")
 _KV_POOLS = ("swa", "draft", "draft_swa")
 _INDEXER_POOLS = ("indexer", "draft_indexer")
@@ -266,14 +269,14 @@ def _swa_host_size(kv: HostPoolLayout, swa_tokens: int) -> int:
 
 def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> SideHostPool:
     version = kv.sglang_version
-    missing = [k for k in ("layers", "tokens", "conv_shapes") if getattr(spec, k) is None]
+    missing = [k for k in ("layers", "conv_shapes") if getattr(spec, k) is None]
     if spec.temporal and spec.temporal_shape is None:
         missing.append("temporal_shape")
     if missing:
         raise InputError(
             f"pool mamba: inspect layout needs the Mamba state's {', '.join(missing)}.",
-            hint="Use --pool-preset qwen3-next, or --pool mamba:layers=N,tokens=SLOTS,conv_shapes=AxB,"
-            "temporal_shape=HxDxS (shapes at tp-size 1; tokens: SGLang's max_mamba_cache_size).",
+            hint="Use --pool-preset qwen3-next, or --pool mamba:layers=N,conv_shapes=AxB,temporal_shape=HxDxS "
+            "(shapes at tp-size 1).",
         )
     if len(spec.conv_shapes) != spec.conv:
         raise InputError(f"pool mamba: conv={spec.conv} but {len(spec.conv_shapes)} conv_shapes.")
@@ -292,7 +295,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
     temporal_elems = math.prod(temporal_shape)
     conv_elems = [math.prod(s) for s in conv_shapes]
     per_slot = L * (temporal_elems * temporal_isz + sum(conv_elems) * conv_isz)
-    device = spec.tokens
+    device = spec.tokens or DEFAULT_MAMBA_SLOTS
     warnings: list[str] = []
     if kv.hicache_size_gb > 0:
         if version == V0_5_23:
@@ -335,6 +338,11 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
         "temporal_dtype": temporal_dtype,
     }
     notes = ["one slot per page key (page size 1): a request's state at a page boundary."]
+    if spec.tokens is None:
+        notes.append(
+            f"Mamba device pool: {device} slots assumed (SGLang sizes it from free GPU memory and logs "
+            "max_mamba_cache_size at start-up; pass --pool mamba:tokens=N)."
+        )
     if version == V0_5_23:
         notes.append("0.5.23 MTP drafts can add layers to this pool (mtp_draft_buffer_infos); not modelled.")
     return SideHostPool(
@@ -393,6 +401,8 @@ def side_host_pools(specs: Iterable[PoolSpec], kv: HostPoolLayout) -> tuple[list
     swa_tokens = (by_name["swa"].tokens if "swa" in by_name else None) or kv.device_tokens
     for spec in specs:
         check_pool(spec, version, kv.geometry.mla)
+        if sum(s.name == spec.name for s in specs) > 1:
+            raise InputError(f"pool {spec.name} is given twice.")
         if spec.name.startswith("deepseek_v4_"):
             skipped.append(f"pool {spec.name}: DeepSeek V4 host pools are not shown (docs/side-pools.md#side-host-pools).")
             continue

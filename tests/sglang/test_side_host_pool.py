@@ -21,6 +21,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from hicache_ops.errors import InputError
+from hicache_ops.sglang.geometry import PRESETS as PRESETS_GEOMETRY
 from hicache_ops.sglang.geometry import ModelGeometry
 from hicache_ops.sglang.host_pool import HostPoolLayout
 from hicache_ops.sglang.pools import PRESETS, PoolSpec, parse_pool
@@ -370,3 +371,99 @@ def test_side_host_pool_matches_sglang_0_5_14(sglang_0_5_14_results, index):
     pool = ours_or_refused(CASES_0_5_14[index], "0.5.14")
     theirs = sglang_0_5_14_results[index]
     assert (summary(pool) if pool else "refused") == (theirs if "refused" not in theirs else "refused")
+
+
+# --- `hicache inspect layout` with side pools ----------------------------------------------------
+
+
+def layout(*args):
+    return hicache(["inspect", "layout", *args])
+
+
+def test_cli_qwen3_next_preset_json():
+    """The preset's public shapes give Qwen3-Next's Mamba state: 36 x (8192x3 bf16 + 32x128x128 fp32) per slot."""
+    result = layout("--pool-preset", "qwen3-next", "--hicache-mem-layout", "page_first_direct", "--hicache-io-backend",
+                    "direct", "--pool", "mamba:tokens=40", "--sglang-version", "0.5.14", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["geometry"]["name"] == "qwen3-next-80b-a3b" and data["geometry"]["layers"] == 12
+    (mamba,) = data["pools"]
+    assert mamba["bytes_per_slot"] == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4) == 77_266_944
+    assert (mamba["device_slots"], mamba["size_slots"], mamba["page_num"], mamba["page_size"]) == (40, 81, 81, 1)
+    assert [b["shape"] for b in mamba["buffers"]] == [[81, 36, 1, 32, 128, 128], [81, 36, 1, 8192, 3]]
+    assert mamba["suffixes"] == ["_0_temporal", "_0_conv_0"]
+    assert [p["index"] for p in mamba["pages"]] == [0, 1, 80]
+    last = mamba["pages"][-1]["objects"]
+    assert [(o["suffix"], o["buffer"], o["offset"], o["size"]) for o in last] == [
+        ("_0_temporal", "temporal_buffer", 80 * 75_497_472, 75_497_472),
+        ("_0_conv_0", "conv_buffer[0]", 80 * 1_769_472, 1_769_472),
+    ]
+    # The same as the library computes (which the tests above check against SGLang).
+    kv = HostPoolLayout(PRESETS_GEOMETRY["qwen3-next-80b-a3b"], "page_first_direct", 64, 65536, sglang_version="0.5.14")
+    (ours_mamba,), _ = side_host_pools([PoolSpec(**{**PRESETS["qwen3-next"].pools[0].__dict__, "tokens": 40})], kv)
+    assert {k: v for k, v in mamba.items() if k != "pages"} == ours_mamba.to_json()
+
+
+def test_cli_tp_splits_mamba_state_and_gpt_oss_swa():
+    result = layout("--pool-preset", "qwen3-next", "--tp-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    shapes = json.loads(result.stdout)["pools"][0]["shapes"]
+    assert (shapes["conv_shapes"], shapes["temporal_shape"]) == ([[4096, 3]], [16, 128, 128])
+    result = layout("--pool-preset", "gpt-oss", "--page-size", "32", "--pool", "swa:tokens=1000", "--json")
+    assert result.exit_code == 0, result.output
+    (swa,) = json.loads(result.stdout)["pools"]
+    assert swa["shapes"]["layers"] == 18 and swa["bytes_per_slot"] == 2 * 18 * 8 * 64 * 2
+    assert swa["size_slots"] == (2000 // 32 + 1) * 32 and swa["suffixes"] == ["_0_swa_k", "_0_swa_v"]
+
+
+def test_cli_human_rendering_of_side_pools():
+    result = layout("--pool-preset", "deepseek-v3.2-mtp", "--device-tokens", "4096", "--sglang-version", "0.5.23")
+    assert result.exit_code == 0, result.output
+    for fragment in ("side pool indexer", "side pool draft ", "side pool draft_indexer", "__draft_k", "__indexer",
+                     "index_k_with_scale"):
+        assert fragment in result.stdout
+    assert "follow the draft KV host pool" in result.stderr
+
+
+def test_cli_deepseek_v4_pools_are_named_not_shown():
+    result = layout("--preset", "deepseek-v3", "--pool", "deepseek_v4_c4", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["pools"] == [] and any("DeepSeek V4 host pools are not shown" in n for n in data["notes"])
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--pool-preset", "qwen3-next", "--sglang-version", "0.5.14"], "refuses the page_first layout"),
+        (["--preset", "tiny", "--pool", "mamba:conv=1"], "needs the Mamba state's layers, conv_shapes"),
+        (["--preset", "tiny", "--pool", "indexer"], "ride on an MLA KV pool"),
+        (["--preset", "deepseek-v3", "--page-size", "32", "--pool", "indexer"], "--page-size 64 (got 32)"),
+        (["--pool-preset", "eagle3-mha-on-mla"], "needs its own heads and head size"),
+        (["--preset", "tiny", "--pool", "swa:conv_shapes=4x3"], "conv_shapes does not describe its host pool"),
+        (["--preset", "tiny", "--pool", "mamba:layers=2,conv_shapes=3x3,temporal_shape=2x2x2", "--tp-size", "2",
+          "--hicache-mem-layout", "page_first_direct"], "does not split evenly over tp-size 2"),
+        (["--preset", "tiny", "--pool", "swa", "--hicache-size", "1", "--sglang-version", "0.5.23"],
+         "split between the KV and SWA host pools"),
+        (["--preset", "tiny", "--pool", "mamba:temporal_shape=0x2"], "not a shape like 8192x3"),
+    ],
+)
+def test_cli_side_pool_bad_input_exits_2(args, fragment):
+    result = layout(*args, "--json")
+    assert result.exit_code == 2, result.output
+    message = json.loads(result.stdout)["error"]["message"]
+    assert fragment in message and "\n" not in message
+    human = layout(*args)
+    assert human.exit_code == 2 and human.stdout == "" and "Traceback" not in human.output
+
+
+def test_pool_option_changes_a_preset_pool():
+    from hicache_ops.sglang.pools import combine_pools
+
+    (mamba,) = combine_pools(PRESETS["qwen3-next"].specs(64), ["mamba:tokens=512,temporal=0"])
+    assert (mamba.tokens, mamba.temporal, mamba.temporal_shape, mamba.layers) == (512, False, None, 36)
+    pools = combine_pools(PRESETS["deepseek-v3.2"].specs(64), ["draft:attention=mla"])
+    assert [p.name for p in pools] == ["indexer", "draft"]
+    assert parse_pool("mamba:conv_shapes=4x3+2x3").conv == 2
+    with pytest.raises(InputError, match="conv=1 but 2 conv_shapes"):
+        parse_pool("mamba:conv=1,conv_shapes=4x3+2x3")
