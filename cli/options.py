@@ -17,6 +17,7 @@ import typer
 from hicache_ops.sglang.policy import STOP_POLICIES, WRITE_POLICIES
 from hicache_ops.sglang.geometry import DTYPES, PRESETS
 from hicache_ops.sglang.host_pool import LAYOUTS
+from hicache_ops.sglang.pools import PRESETS as POOL_PRESETS
 from hicache_ops.sglang.rewrites import IO_BACKENDS
 from hicache_ops.sglang.versions import NEWEST, SUPPORTED_VERSIONS
 
@@ -273,6 +274,32 @@ IoBackendOption = Annotated[
     IoBackend,
     typer.Option("--hicache-io-backend", "--io-backend", metavar="BACKEND", rich_help_panel=DEPLOYMENT,
                  help=f"How host and device pools exchange pages: {_listed(IoBackend)}."),
+]
+PoolOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pool",
+        help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
+        "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools); for its host "
+        "pool layers=N, tokens=N (device slots), heads=N, head_dim=N, conv_shapes=AxB[+CxD], temporal_shape=AxBxC, "
+        "conv_dtype, temporal_dtype. Naming a --pool-preset pool changes only the options given "
+        "(repeatable; docs/side-pools.md). With --sglang-url, an enabled L3 layout's pools replace these "
+        "(docs/side-pools.md#l3-layout-endpoint).",
+        metavar="POOL",
+        show_default=False,
+        rich_help_panel=DEPLOYMENT,
+    ),
+]
+PoolPresetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pool-preset",
+        help="The side pools of a real hybrid model, with its shapes (sets --mla where the model is MLA): "
+        f"{', '.join(POOL_PRESETS)}.",
+        metavar="PRESET",
+        show_default=False,
+        rich_help_panel=DEPLOYMENT,
+    ),
 ]
 WritePolicyOption = Annotated[
     WritePolicy,

@@ -26,6 +26,8 @@ from ..options import (
     MlaOption,
     ModelNameOption,
     PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
     PpSizeOption,
     SglangVersionOption,
     TextOption,
@@ -196,30 +198,8 @@ def keys(
     mla: MlaOption = False,
     layout: LayoutOption = HostLayout.page_first,
     tp_lcm_size: TpLcmSizeOption = None,
-    pool: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pool",
-            help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
-            "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
-            "Adds its objects to each page (repeatable; docs/side-pools.md). With --sglang-url, an enabled "
-            "L3 layout's pools replace these (docs/side-pools.md#l3-layout-endpoint).",
-            metavar="NAME[:k=v,...]",
-            show_default=False,
-            rich_help_panel=DEPLOYMENT,
-        ),
-    ] = None,
-    pool_preset: Annotated[
-        str | None,
-        typer.Option(
-            "--pool-preset",
-            help="The side pools of a real hybrid model (sets --mla where the model is MLA): "
-            "deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, deepseek-v3.2, deepseek-v3.2-mtp.",
-            metavar="PRESET",
-            show_default=False,
-            rich_help_panel=DEPLOYMENT,
-        ),
-    ] = None,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     show_all: AllOption = False,
     json_output: JsonOption = False,
     sglang_server=None,
@@ -232,14 +212,15 @@ def keys(
     """
     with reporting(json_output):
         from hicache_ops.sglang.host_pool import check_layout_for
-        from hicache_ops.sglang.pools import parse_pool, preset
+        from hicache_ops.sglang.pools import combine_pools, preset
 
         version = validate_version(value_of(sglang_version) or default_version())
-        pools = [parse_pool(text) for text in pool or ()]
+        preset_pools = []
         if pool_preset is not None:
             chosen = preset(pool_preset, version)
             mla = mla or chosen.mla
-            pools = chosen.specs(page_size) + pools
+            preset_pools = chosen.specs(page_size)
+        pools = combine_pools(preset_pools, pool or [])
         check_layout_for(layout.value, mla=mla)
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
         deployment = Deployment(

@@ -1,4 +1,5 @@
-"""`hicache inspect layout`: the host pool (L2) SGLang builds, and what each page sends to Mooncake."""
+"""`hicache inspect layout`: the host pool (L2) SGLang builds, and what each page sends to Mooncake;
+with --pool / --pool-preset, the side pools' host pools too."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from ..options import (
     LayoutOption,
     MlaOption,
     PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
     PresetOption,
     SglangVersionOption,
     TpLcmSizeOption,
@@ -42,7 +45,7 @@ from ..sglang_url import sglang_url_option
 EXAMPLES = examples(
     "hicache inspect layout --preset llama-3.1-8b --tp-size 2 --hicache-size 40",
     "hicache inspect layout --preset deepseek-v3 --hicache-mem-layout page_first --hicache-io-backend direct",
-    "hicache inspect layout --layers 32 --heads 8 --head-dim 128 --pages 0,1 --json",
+    "hicache inspect layout --pool-preset qwen3-next --pool mamba:tokens=512 --pages 0,1 --json",
 )
 
 
@@ -126,11 +129,55 @@ def _render(report: LayoutReport) -> None:
                 str(meta.index) if i == 0 else "", str(i), part, obj.buffer, str(obj.offset), str(obj.size)
             )
     stdout.print(pages)
+    for side in report.side_pools:
+        _render_side(side, report.side_pages[side.name])
     for note in report.notes:
         if note not in report.resolution.notes:
             stderr.print(f"[yellow]note:[/] {note}")
     for warning in report.warnings:
         stderr.print(f"[bold yellow]warning:[/] {warning}")
+
+
+def _dims(value) -> str:
+    """A shape as 32x128x128; several as 8192x3 + 1024x3; anything else as is."""
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        return " + ".join(_dims(v) for v in value)
+    if isinstance(value, list):
+        return "x".join(str(d) for d in value)
+    return str(value)
+
+
+def _render_side(side, pages) -> None:
+    shapes = ", ".join(f"{k.replace('_', ' ')} {_dims(v)}" for k, v in side.shapes.items())
+    device = f" from {side.device_slots} device slots" if side.device_slots is not None else ""
+    stdout.print(
+        f"\n[bold]side pool {side.name}[/] ({side.sglang_class}, {side.layout}): {shapes}\n"
+        f"  {side.size} slots = {side.page_num} pages of {side.page_size}{device}; "
+        f"{side.bytes_per_slot} B/slot, {_si(side.bytes_per_page)}/page, [bold]{_si(side.host_bytes)}[/] per rank",
+    )
+    buffers = Table(title=f"{side.name} host buffers", title_justify="left")
+    for col in ("name", "shape", "dtype", "size", "bytes"):
+        buffers.add_column(col, justify="right" if col in ("size", "bytes") else "left")
+    for buf in side.buffers:
+        buffers.add_row(buf.name, _shape(buf.shape), buf.dtype, _si(buf.nbytes), str(buf.nbytes))
+    stdout.print(buffers)
+    if not side.zero_copy:
+        stdout.print(f"  no page metadata: SGLang's {side.sglang_class} has none for {side.layout}")
+    else:
+        table = Table(title=f"{side.name} page buffer metadata (object suffix, offsets from the buffer start)",
+                      title_justify="left")
+        for col in ("page", "#", "suffix", "part", "buffer", "offset", "size"):
+            table.add_column(col, justify="right" if col in ("page", "#", "offset", "size") else "left")
+        for meta in pages:
+            for i, obj in enumerate(meta.objects):
+                part = obj.range.part + (f" layer {obj.range.layer}" if obj.range.layer is not None else "")
+                table.add_row(str(meta.index) if i == 0 else "", str(i), obj.suffix, part, obj.range.buffer,
+                              str(obj.range.offset), str(obj.range.size))
+        stdout.print(table)
+    for note in side.notes:
+        stderr.print(f"[yellow]note ({side.name}):[/] {note}")
+    for warning in side.warnings:
+        stderr.print(f"[bold yellow]warning ({side.name}):[/] {warning}")
 
 
 @sglang_url_option("sglang_version", "page_size", "device_tokens", "hicache_ratio", "hicache_size", "io_backend",
@@ -169,6 +216,8 @@ def layout(
                      rich_help_panel=DEPLOYMENT),
     ] = True,
     sglang_version: SglangVersionOption = None,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     pages: Annotated[
         str | None,
         typer.Option("--pages", help="Host pages to show, comma separated (default: 0, 1 and the last).",
@@ -176,9 +225,22 @@ def layout(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """The host KV pool SGLang builds (shapes, sizes, rewrites) and each page's Mooncake byte ranges."""
+    """The host KV pool SGLang builds (shapes, sizes, rewrites) and each page's Mooncake byte ranges;
+    with --pool / --pool-preset, each side pool's host pool as well."""
     with reporting(json_output):
+        from hicache_ops.sglang.pools import combine_pools
+        from hicache_ops.sglang.pools import preset as pool_preset_named
+
         version = validate_version(value_of(sglang_version) or default_version())
+        preset_pools = []
+        if pool_preset is not None:
+            chosen = pool_preset_named(pool_preset, version)
+            preset_pools = chosen.specs(page_size)
+            # The preset's KV geometry when none is given; an MLA preset makes the KV pool MLA.
+            if preset is None and not any(v is not None for v in (layers, heads, head_dim, kv_lora_rank, qk_rope_head_dim)) and not mla:
+                preset = chosen.geometry
+            mla = mla or (chosen.mla and preset is None)
+        pools = combine_pools(preset_pools, pool or [])
         geometry = resolve_geometry(
             preset_name=preset,
             layers=layers,
@@ -202,5 +264,6 @@ def layout(
             pages=parse_pages(pages),
             mooncake=mooncake,
             sglang_version=version,
+            pools=pools,
         )
         emit(report.to_json(), json_output, lambda _: _render(report))

@@ -1,12 +1,13 @@
 """`hicache inspect layout`: what SGLang builds for a model and its flags.
 
-The start-up rewrites, one rank's host pool and the zero-copy metadata of chosen pages.
+The start-up rewrites, one rank's host pool and the zero-copy metadata of chosen pages, and the
+host pools of the side pools given (docs/side-pools.md#side-host-pools).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..sglang.geometry import ModelGeometry
@@ -17,7 +18,9 @@ from ..sglang.host_pool import (
     PageMeta,
     check_layout_for,
 )
+from ..sglang.pools import PoolSpec
 from ..sglang.rewrites import Resolution, layout_warnings, resolve_layout
+from ..sglang.side_host_pool import SideHostPool, SidePageMeta, side_host_pools
 from ..sglang.versions import NEWEST, V0_5_23, validate_version
 
 
@@ -46,6 +49,8 @@ class LayoutReport:
     device: DevicePoolLayout
     notes: list[str]
     warnings: list[str]
+    side_pools: list[SideHostPool] = field(default_factory=list)
+    side_pages: dict[str, list[SidePageMeta]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         body = self.pool.to_json()
@@ -60,6 +65,9 @@ class LayoutReport:
             **{k: v for k, v in body.items() if k != "sglang_version"},
             "device_pool": self.device.to_json(),
             "pages": [p.to_json() for p in self.pages],
+            "pools": [
+                {**side.to_json(), "pages": [m.to_json() for m in self.side_pages[side.name]]} for side in self.side_pools
+            ],
             "rewrites": list(self.resolution.notes),
             "notes": self.notes,
             "warnings": self.warnings,
@@ -85,11 +93,14 @@ def inspect_layout(
     pages: Sequence[int] | None = None,
     mooncake: bool = True,
     sglang_version: str = NEWEST,
+    pools: Sequence[PoolSpec] = (),
 ) -> LayoutReport:
     """What SGLang builds for this model and these flags: the rewrites it applies, the host
-    pool of one rank, and the zero-copy metadata of the chosen pages.
+    pool of one rank, the zero-copy metadata of the chosen pages, and the host pool of each
+    side pool in `pools`.
 
-    `hicache_ratio` None means SGLang's default (2.0). `pages` None: pages 0, 1 and the last.
+    `hicache_ratio` None means SGLang's default (2.0). `pages` None: pages 0, 1 and the last
+    (of each pool; given pages are shown where a pool has them).
     """
     validate_version(sglang_version)
     check_layout_for(layout, mla=geometry.mla)
@@ -123,4 +134,10 @@ def inspect_layout(
         )
     warnings = layout_warnings(resolution.layout, resolution.io_backend, mla=geometry.mla) + pool.warnings()
     device = DevicePoolLayout(geometry, device_tokens, page_size, tp_size)
-    return LayoutReport(layout, io_backend, resolution, pool, metas, device, notes, warnings)
+    side, skipped = side_host_pools(pools, pool)
+    notes += skipped
+    side_pages = {}
+    for s in side:
+        wanted = default_pages(s.page_num) if pages is None else [p for p in chosen if 0 <= p < s.page_num]
+        side_pages[s.name] = s.page_buffer_meta(wanted)
+    return LayoutReport(layout, io_backend, resolution, pool, metas, device, notes, warnings, side, side_pages)

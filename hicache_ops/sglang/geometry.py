@@ -215,6 +215,10 @@ PRESETS: dict[str, ModelGeometry] = {
     "llama-3.1-70b": _preset_mha("llama-3.1-70b", 80, 8, 128),
     "deepseek-v2-lite": _preset_mla("deepseek-v2-lite", 27, 512, 64),
     "deepseek-v3": _preset_mla("deepseek-v3", 61, 512, 64),
+    # Hybrid models: the KV pool holds the full-attention layers only; the others are side pools
+    # (sglang/pools.py PRESETS: gpt-oss, qwen3-next).
+    "gpt-oss-120b": _preset_mha("gpt-oss-120b", 18, 8, 64),  # 36 layers alternate sliding/full
+    "qwen3-next-80b-a3b": _preset_mha("qwen3-next-80b-a3b", 12, 2, 256),  # every 4th of 48 layers
 }
 DEFAULT_PRESET = "tiny"
 

@@ -210,6 +210,8 @@ class HostPoolLayout:
     `tp_lcm_size` (extra-config, heterogeneous TP) splits heads for MHA page_head pools when it
     exceeds tp_size: each page then goes out as tp_lcm_size // tp_size K/V pairs.
     `mooncake` says whether the L3 tier is Mooncake (for `mooncake_zero_copy` and warnings).
+    `host_tokens` fixes the size instead (SGLang 0.5.23's host_token_capacity, for side pools that
+    share the KV pool's slots): page aligned, no extra page (docs/side-pools.md#side-host-pools).
     """
 
     geometry: ModelGeometry
@@ -222,6 +224,7 @@ class HostPoolLayout:
     tp_lcm_size: int | None = None
     sglang_version: str = NEWEST
     mooncake: bool = True
+    host_tokens: int | None = None
     size: int = field(init=False)
     page_num: int = field(init=False)
 
@@ -265,6 +268,13 @@ class HostPoolLayout:
                 f"into {self.split_factor} parts, which does not divide evenly.",
                 hint="Choose a tp-lcm-size whose factor over tp-size divides the heads per rank.",
             )
+        if self.host_tokens is not None:
+            positive_int("host-tokens", self.host_tokens)
+            if self.host_tokens % self.page_size:
+                raise InputError(f"a fixed host pool of {self.host_tokens} tokens is not whole pages of {self.page_size}.")
+            object.__setattr__(self, "page_num", self.host_tokens // self.page_size)
+            object.__setattr__(self, "size", self.host_tokens)
+            return
         if self.hicache_size_gb > 0:
             size = int(self.hicache_size_gb * 1e9 // bpt)
         else:

@@ -8,7 +8,7 @@ Mooncake store zips them with the pool's buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import InputError
 from .keys import ObjectKeyScheme
@@ -60,6 +60,12 @@ class PoolSpec:
     layout's word: `policy` overrides the hit policy the name implies, `window` is its trailing
     pages, and `served` holds its suffixes per pp stage, `((pp_rank, suffixes), ...)`, which the
     key rule then returns as they are (the server lists the objects it writes).
+
+    The rest describe the pool's host buffers for `inspect layout` (docs/side-pools.md#side-host-pools);
+    None means "from the KV geometry" where that makes sense. `layers`: the pool's layers;
+    `tokens`: its device pool's slots (SWA tokens, Mamba state slots); `heads` / `head_dim`: an
+    MHA pool's KV heads (before TP) and head size; `conv_shapes` / `temporal_shape`: one layer's
+    Mamba states at tp-size 1 (SGLang splits the first dimension over the ranks); their dtypes.
     """
 
     name: str
@@ -69,6 +75,14 @@ class PoolSpec:
     window: int = 1
     policy: str | None = None
     served: tuple[tuple[int, tuple[str, ...]], ...] | None = None
+    layers: int | None = None
+    tokens: int | None = None
+    heads: int | None = None
+    head_dim: int | None = None
+    conv_shapes: tuple[tuple[int, ...], ...] | None = None
+    temporal_shape: tuple[int, ...] | None = None
+    conv_dtype: str | None = None
+    temporal_dtype: str | None = None
 
     @property
     def hit_policy(self) -> str:
@@ -91,8 +105,41 @@ class PoolSpec:
         }
 
 
+# Mamba state dtypes SGLang accepts (mamba_ssm_dtype / SGLANG_MAMBA_CONV_DTYPE).
+MAMBA_DTYPES = ("float32", "bfloat16", "float16")
+_INT_OPTIONS = {"conv": 0, "window": 1, "layers": 1, "tokens": 1, "heads": 1, "head_dim": 1}  # name -> least value
+_OPTION_NAMES = (
+    "attention, conv, temporal, window, layers, tokens, heads, head_dim, conv_shapes, temporal_shape, "
+    "conv_dtype, temporal_dtype"
+)
+
+
+def _parse_shape(text: str, value: str, key: str) -> tuple[int, ...]:
+    dims = value.lower().split("x")
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise InputError(f"--pool {text!r}: {key} {value!r} is not a shape like 8192x3 (positive integers joined by x).")
+    return tuple(int(d) for d in dims)
+
+
 def parse_pool(text: str) -> PoolSpec:
-    """`NAME[:k=v,...]` as `--pool` takes it: attention=mla|mha, conv=N, temporal=0|1, window=PAGES."""
+    """`NAME[:k=v,...]` as `--pool` takes it (see parse_pool_fields)."""
+    name, fields = parse_pool_fields(text)
+    return _build(text, PoolSpec(name, **fields))
+
+
+def _build(text: str, spec: PoolSpec) -> PoolSpec:
+    """`spec` with its conv count taken from its conv shapes, checked for contradictions."""
+    if spec.conv_shapes is not None:
+        spec = replace(spec, conv=len(spec.conv_shapes))
+    if spec.temporal_shape is not None and not spec.temporal:
+        raise InputError(f"--pool {text!r}: temporal=0 means the temporal state is empty; drop temporal_shape.")
+    return spec
+
+
+def parse_pool_fields(text: str) -> tuple[str, dict]:
+    """The pool name and the options given in `NAME[:k=v,...]`: attention=mla|mha, conv=N,
+    temporal=0|1, window=PAGES, and for `inspect layout` layers=N, tokens=N, heads=N, head_dim=N,
+    conv_shapes=AxB[+CxD...], temporal_shape=AxBxC, conv_dtype=DTYPE, temporal_dtype=DTYPE."""
     name, _, options = text.partition(":")
     name = name.strip()
     if not name:
@@ -106,17 +153,32 @@ def parse_pool(text: str) -> PoolSpec:
             if value not in ("mla", "mha"):
                 raise InputError(f"--pool {text!r}: attention is mla or mha, not {value!r}.")
             fields["attention"] = value
-        elif key in ("conv", "window"):
-            if not value.isdigit() or (key == "window" and int(value) < 1):
-                raise InputError(f"--pool {text!r}: {key} must be a {'positive' if key == 'window' else 'non-negative'} integer.")
+        elif key in _INT_OPTIONS:
+            least = _INT_OPTIONS[key]
+            if not value.isdigit() or int(value) < least:
+                raise InputError(f"--pool {text!r}: {key} must be a {'positive' if least else 'non-negative'} integer.")
             fields[key] = int(value)
         elif key == "temporal":
             if value not in ("0", "1"):
                 raise InputError(f"--pool {text!r}: temporal is 0 or 1, not {value!r}.")
             fields["temporal"] = value == "1"
+        elif key == "conv_shapes":
+            fields[key] = tuple(_parse_shape(text, shape, key) for shape in value.split("+"))
+        elif key == "temporal_shape":
+            fields[key] = _parse_shape(text, value, key)
+        elif key in ("conv_dtype", "temporal_dtype"):
+            if value not in MAMBA_DTYPES:
+                raise InputError(f"--pool {text!r}: {key} is one of {', '.join(MAMBA_DTYPES)}, not {value!r}.")
+            fields[key] = value
         else:
-            raise InputError(f"--pool {text!r}: unknown option {key!r} (attention, conv, temporal, window).")
-    return PoolSpec(name, **fields)
+            raise InputError(f"--pool {text!r}: unknown option {key!r} ({_OPTION_NAMES}).")
+    if "conv_shapes" in fields and "conv" in fields and fields["conv"] != len(fields["conv_shapes"]):
+        raise InputError(f"--pool {text!r}: conv={fields['conv']} but {len(fields['conv_shapes'])} conv_shapes.")
+    if "conv" in fields and "conv_shapes" not in fields:
+        fields["conv_shapes"] = None  # a new conv count drops shapes given for another count
+    if fields.get("temporal") is False and "temporal_shape" not in fields:
+        fields["temporal_shape"] = None  # likewise an emptied temporal state
+    return name, fields
 
 
 def check_pool(spec: PoolSpec, version: str, mla: bool) -> None:
@@ -189,7 +251,12 @@ def pool_suffixes(spec: PoolSpec, scheme: ObjectKeyScheme) -> list[str]:
 
 @dataclass(frozen=True)
 class PoolPreset:
-    """The side pools of a real hybrid model, so an operator need not know the suffixes."""
+    """The side pools of a real hybrid model, so an operator need not know the suffixes.
+
+    The pool specs carry the model's shapes (public config.json numbers) for `inspect layout`;
+    `geometry` names the `--preset` of its KV pool (the full-attention layers only), used when no
+    KV geometry is given.
+    """
 
     name: str
     model: str
@@ -197,6 +264,7 @@ class PoolPreset:
     pools: tuple[PoolSpec, ...]
     sliding_window_tokens: int | None = None  # SWA presets: the window, converted to pages per page size
     versions: tuple[str, ...] = (V0_5_14, V0_5_23)
+    geometry: str | None = None
 
     def specs(self, page_size: int) -> list[PoolSpec]:
         if self.sliding_window_tokens is None:
@@ -204,27 +272,36 @@ class PoolPreset:
         # SGLang's full_window_pages: the window rounded up to whole pages.
         window = -(-self.sliding_window_tokens // page_size)
         return [
-            PoolSpec(p.name, p.attention, p.conv, p.temporal, window) if p.hit_policy == TRAILING_PAGES and p.name != "mamba" else p
+            replace(p, window=window) if p.hit_policy == TRAILING_PAGES and p.name != "mamba" else p
             for p in self.pools
         ]
 
 
+_QWEN3_NEXT_MAMBA = PoolSpec(
+    # 36 gated-DeltaNet layers (48, every 4th full attention). Conv state: value heads x dim plus
+    # 2 x key heads x dim = 32*128 + 2*16*128 = 8192 channels, kernel 4 - 1 = 3 columns; temporal
+    # state: 32 value heads x 128 x 128. SGLang's default state dtypes: conv bf16, temporal fp32.
+    "mamba", conv=1, temporal=True, layers=36, conv_shapes=((8192, 3),), temporal_shape=(32, 128, 128),
+    conv_dtype="bfloat16", temporal_dtype="float32",
+)
 PRESETS = {
     p.name: p
     for p in (
-        PoolPreset("deepseek-v3-mtp", "DeepSeek V3/R1 with EAGLE/MTP speculative decoding (MLA draft)", True,
-                   (PoolSpec("draft", attention="mla"),)),
-        PoolPreset("eagle3-mha-on-mla", "An EAGLE3 MHA draft model on an MLA target", True,
-                   (PoolSpec("draft", attention="mha"),)),
-        PoolPreset("gpt-oss", "gpt-oss (sliding window 128 tokens, MHA)", False,
-                   (PoolSpec("swa"),), sliding_window_tokens=128),
-        PoolPreset("qwen3-next", "Qwen3-Next (gated DeltaNet linear attention: one conv state and a temporal state)",
-                   False, (PoolSpec("mamba", conv=1, temporal=True),)),
-        PoolPreset("deepseek-v3.2", "DeepSeek V3.2 (DSA sparse attention: an indexer object per page, MLA)", True,
-                   (PoolSpec("indexer"),)),
-        PoolPreset("deepseek-v3.2-mtp", "DeepSeek V3.2 with MTP (indexer plus MLA draft and draft indexer)", True,
-                   (PoolSpec("indexer"), PoolSpec("draft", attention="mla"), PoolSpec("draft_indexer")),
-                   versions=(V0_5_23,)),
+        PoolPreset("deepseek-v3-mtp", "DeepSeek V3/R1 with EAGLE/MTP speculative decoding (MLA draft, 1 layer)", True,
+                   (PoolSpec("draft", attention="mla", layers=1),), geometry="deepseek-v3"),
+        PoolPreset("eagle3-mha-on-mla", "An EAGLE3 MHA draft model on an MLA target (draft heads: pass "
+                   "--pool draft:attention=mha,heads=N,head_dim=D for inspect layout)", True,
+                   (PoolSpec("draft", attention="mha", layers=1),), geometry="deepseek-v3"),
+        PoolPreset("gpt-oss", "gpt-oss-120b (18 of 36 layers slide over 128 tokens; 8 KV heads x 64, MHA)", False,
+                   (PoolSpec("swa", layers=18, heads=8, head_dim=64),), sliding_window_tokens=128,
+                   geometry="gpt-oss-120b"),
+        PoolPreset("qwen3-next", "Qwen3-Next-80B-A3B (gated DeltaNet linear attention: one conv state and a temporal "
+                   "state in 36 layers)", False, (_QWEN3_NEXT_MAMBA,), geometry="qwen3-next-80b-a3b"),
+        PoolPreset("deepseek-v3.2", "DeepSeek V3.2 (DSA sparse attention: an indexer object per page, MLA, 61 layers)",
+                   True, (PoolSpec("indexer"),), geometry="deepseek-v3"),
+        PoolPreset("deepseek-v3.2-mtp", "DeepSeek V3.2 with MTP (indexer plus a 1-layer MLA draft and draft indexer)",
+                   True, (PoolSpec("indexer"), PoolSpec("draft", attention="mla", layers=1), PoolSpec("draft_indexer")),
+                   versions=(V0_5_23,), geometry="deepseek-v3"),
     )
 }
 
@@ -236,3 +313,18 @@ def preset(name: str, version: str) -> PoolPreset:
     if version not in found.versions:
         raise InputError(f"pool preset {name} needs SGLang {', '.join(found.versions)} (its pools do not exist in {version}).")
     return found
+
+
+def combine_pools(preset_pools: list[PoolSpec], texts: list[str]) -> list[PoolSpec]:
+    """A preset's pools, then each `--pool`: one naming a preset pool changes only the options it
+    gives (e.g. `--pool mamba:tokens=512`), any other is added (a pool given twice stays twice,
+    for the caller to refuse)."""
+    out = list(preset_pools)
+    for text in texts:
+        name, fields = parse_pool_fields(text)
+        index = next((i for i, spec in enumerate(preset_pools) if spec.name == name), None)
+        if index is None:
+            out.append(_build(text, PoolSpec(name, **fields)))
+        else:
+            out[index] = _build(text, replace(out[index], **fields))
+    return out

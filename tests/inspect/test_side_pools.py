@@ -2,14 +2,14 @@
 0.5.14 (a child process, kept alive while its objects are checked) and 0.5.23 (this process);
 both run the same script.
 
-What SGLang writes itself: the KV (`batch_set_v1`) and the SWA and draft pools (`batch_set_v2`),
-each from SGLang's own MHA host pool built on the CPU and registered with
-`register_mem_host_pool_v2`. The Mamba and DSA indexer host pools are not built here (Mamba's
-needs device state buffers, the indexer's an NSA device pool): their objects are put by this test
-under our names, and SGLang's store sees those pools through stand-ins that carry only what its
-key builder reads (`conv_buffer`, `temporal_state_elem_size`). SGLang's `batch_exists_v2` then
-reports the loadable prefix, per-pool hits and (0.5.23) the restorable stop points, which must
-equal ours; the master's listing must hold exactly the objects we say are present, and
+SGLang writes every object itself: the KV (`batch_set_v1`) and the SWA, draft, Mamba and DSA
+indexer pools (`batch_set_v2`), each from SGLang's own host pool class built on the CPU and
+registered with `register_mem_host_pool_v2`: MHA host pools for KV, SWA and draft, `MambaPoolHost`
+(over a CPU `MambaPool` in 0.5.14, a `MambaStateBufferInfo` of CPU tensors in 0.5.23) and
+`DSAIndexerPoolHost` on a CPU `DSATokenToKVPool` and its MLA anchor host pool (which is why pages
+are 64 tokens: SGLang's DSA pool asserts it). SGLang's `batch_exists_v2` then reports the loadable
+prefix, per-pool hits and (0.5.23) the restorable stop points, which must equal ours; the master's
+listing must hold exactly the objects we say are present (so our names are SGLang's), and
 `inspect store`'s grouping must put each pool's objects with their page.
 """
 
@@ -24,12 +24,11 @@ from hicache_ops.inspect.keys import Deployment, expected_keys
 from hicache_ops.inspect.live_diff import live_diff
 from hicache_ops.inspect.store import group_keys, parse_object_key
 from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.mooncake.store import StoreClient
 from hicache_ops.sglang.pools import PoolSpec
 from cli_runner import hicache
 from sglang_0_5_14 import held_0_5_14
 
-PAGE = 16
+PAGE = 64  # SGLang's DSA device pool asserts 64-token pages
 PAGES = 6
 SWA_WINDOW = 2
 POOLS = [PoolSpec("swa", window=SWA_WINDOW), PoolSpec("draft", attention="mha"), PoolSpec("mamba", conv=2), PoolSpec("indexer")]
@@ -49,20 +48,34 @@ SCENARIOS = {
 }
 
 SCRIPT = """
-import types
 from array import array
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolHitPolicy, PoolName, PoolTransfer
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool
 from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 try:
+    from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
+    from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
     NEW = True
 except ImportError:  # 0.5.14
-    from sglang.srt.mem_cache.memory_pool_host import MHATokenToKVPoolHost
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+    from sglang.srt.mem_cache.memory_pool_host import (
+        DSAIndexerPoolHost, MambaPoolHost, MHATokenToKVPoolHost, MLATokenToKVPoolHost,
+    )
     NEW = False
 
 PAGE, PAGES, WINDOW = PAYLOAD["page"], PAYLOAD["pages"], PAYLOAD["window"]
+HOST = dict(pin_memory=False, device="cpu")
+
+
+def filled(host, buffers):
+    for buf in buffers:
+        buf.view(torch.uint8).random_(0, 255)
+    return host
 
 
 def mha_host():
@@ -70,12 +83,47 @@ def mha_host():
     device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=4, head_dim=8, layer_num=2, **common)
     if NEW:
         host = MHATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first",
-                                    pin_memory=False, device="cpu", device_capacity_tokens=device.size,
-                                    start_layer=0, end_layer=2)
+                                    device_capacity_tokens=device.size, start_layer=0, end_layer=2, **HOST)
     else:
-        host = MHATokenToKVPoolHost(device, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu")
-    host.kv_buffer.view(torch.uint8).random_(0, 255)
-    return host
+        host = MHATokenToKVPoolHost(device, 2.0, 0, PAGE, "page_first", **HOST)
+    return filled(host, [host.kv_buffer])
+
+
+def mamba_host():
+    # Two layers, a temporal state and two conv states: one slot per page key.
+    slots, temporal, conv = PAGES, (2, 4, 4), [(8, 3), (4, 3)]
+    if NEW:
+        info = MambaStateBufferInfo(
+            temporal=torch.zeros(2, slots + 1, *temporal, dtype=torch.float32),
+            conv=tuple(torch.zeros(2, slots + 1, *shape, dtype=torch.bfloat16) for shape in conv),
+        )
+        host = MambaPoolHost(info, 2.0, 0, device_capacity=slots, layout="page_first_direct", **HOST)
+    else:
+        shape = Mamba2StateShape(conv=conv, temporal=temporal, intermediate_size=0, conv_dim=0, ssm_state_size=0,
+                                 num_heads=0, head_dim=0, state_size=0, conv_kernel=0)
+        params = Mamba2CacheParams(shape=shape, layers=[0, 1],
+                                   dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
+        device = MambaPool(size=slots, spec_state_size=slots, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+        host = MambaPoolHost(device, 2.0, 0, layout="page_first_direct", **HOST)
+    return filled(host, [host.temporal_buffer, *host.conv_buffer])
+
+
+def indexer_host():
+    # The indexer rows ride on an MLA anchor host pool's slots (a DSA model's KV).
+    size = PAGES * PAGE * 2
+    extra = dict(index_buf_size=size) if NEW else {}  # 0.5.23's default asks the parallel state
+    device = DSATokenToKVPool(size=size, page_size=PAGE, kv_lora_rank=16, dtype=torch.bfloat16, qk_rope_head_dim=8,
+                              layer_num=2, device="cpu", index_head_dim=128, enable_memory_saver=False,
+                              kv_cache_dim=24, **extra)
+    if NEW:
+        anchor = MLATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first",
+                                      device_capacity_tokens=size, start_layer=0, end_layer=2, target_layer_num=2,
+                                      override_kv_cache_dim=24, **HOST)
+        host = DSAIndexerPoolHost(make_dsa_indexer_pool_decl(device), anchor, **HOST)
+    else:
+        anchor = MLATokenToKVPoolHost(device, 2.0, 0, PAGE, "page_first", **HOST)
+        host = DSAIndexerPoolHost(device, anchor, "page_first", **HOST)
+    return filled(host, [host.index_k_with_scale_buffer])
 
 
 def page_keys(tokens):
@@ -102,15 +150,14 @@ def make_store():
     store.register_mem_pool_host(kv)
     store.register_mem_host_pool_v2(mha_host(), PoolName.SWA)
     store.register_mem_host_pool_v2(mha_host(), PoolName.DRAFT)
-    # Not built here (see the test's module doc): what the key builder reads of them.
-    store.registered_pools[PoolName.MAMBA] = types.SimpleNamespace(conv_buffer=[None, None], temporal_state_elem_size=1)
-    store.registered_pools[PoolName.INDEXER] = types.SimpleNamespace()
+    store.register_mem_host_pool_v2(mamba_host(), PoolName.MAMBA)
+    store.register_mem_host_pool_v2(indexer_host(), PoolName.INDEXER)
     return store
 
 
-def on_pages(keys, pages):
+def on_pages(keys, pages, page_size=PAGE):
     picked = [keys[i] for i in pages]
-    indices = torch.cat([torch.arange(i * PAGE, (i + 1) * PAGE) for i in pages]) if pages else None
+    indices = torch.cat([torch.arange(i * page_size, (i + 1) * page_size) for i in pages]) if pages else None
     return picked, indices
 
 
@@ -122,8 +169,8 @@ for case in PAYLOAD["cases"]:
     picked, indices = on_pages(keys, case["kv"])
     assert store.batch_set_v1(picked, indices) == [True] * len(picked)
     transfers = []
-    for name in ("swa", "draft"):
-        picked, indices = on_pages(keys, case[name])
+    for name in ("swa", "draft", "mamba", "indexer"):
+        picked, indices = on_pages(keys, case[name], 1 if name == "mamba" else PAGE)  # Mamba: one slot per page
         if picked:
             transfers.append(PoolTransfer(name=PoolName(name), keys=picked, host_indices=indices))
     written = store.batch_set_v2(transfers) if transfers else {}
@@ -136,7 +183,7 @@ for case in PAYLOAD["cases"]:
     result = store.batch_exists_v2(keys, query)
     RESULT[case["id"]] = {
         "page_keys": keys,
-        "written": {str(k): v for k, v in written.items()},
+        "written": {getattr(k, "value", k): list(v) for k, v in written.items()},
         "pages": result.kv_hit_pages,
         "hits": {str(k): v for k, v in result.extra_pool_hit_pages.items()},
         "restorable": getattr(result, "restorable_prefix_pages", None),
@@ -155,22 +202,6 @@ def scenario_cases(master) -> list[dict]:
     return out
 
 
-def put_ours(master, version: str, cases: list[dict]) -> None:
-    """The Mamba and indexer objects, under the names we predict (SGLang finds them or not)."""
-    client = StoreClient.connect(master.rpc_address)
-    try:
-        for case in cases:
-            report = expected_keys(case["tokens"], PAGE, Deployment(version), pools=POOLS)
-            for pool in ("mamba", "indexer"):
-                for i in case[pool]:
-                    row = report.pages[i]
-                    for key, name in zip(row.object_keys, row.object_pools):
-                        if name == pool:
-                            client.put(key, b"side")
-    finally:
-        client.close()
-
-
 def compare(master, version: str, cases: list[dict], results: dict) -> None:
     with AdminClient(master.metrics_address) as admin:
         listing = admin.get_all_keys()
@@ -179,6 +210,9 @@ def compare(master, version: str, cases: list[dict], results: dict) -> None:
             dep = Deployment(version)
             report = expected_keys(case["tokens"], PAGE, dep, pools=POOLS)
             assert [p.page_key for p in report.pages] == got["page_keys"], case["id"]
+            # SGLang wrote every side-pool page it was given, from its own host pools.
+            given = {name: len(case[name]) for name in ("swa", "draft", "mamba", "indexer") if case[name]}
+            assert {k: v.count(True) for k, v in got["written"].items()} == given, (version, case["id"], got["written"])
             diff = live_diff(case["tokens"], PAGE, dep, admin, report=report)
             # The loadable prefix, each pool's own boundary and (0.5.23) the stop points, as SGLang's.
             assert diff.contiguous_pages == got["pages"], (version, case["id"], got)
@@ -214,7 +248,6 @@ def extra(master) -> dict:
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 def test_loadable_prefix_matches_sglang_batch_exists_v2(mooncake_master, mooncake_segment_owner, version):
     cases = scenario_cases(mooncake_master)
-    put_ours(mooncake_master, version, cases)
     payload = {"page": PAGE, "pages": PAGES, "window": SWA_WINDOW, "extra": extra(mooncake_master), "cases": cases}
     if version == "0.5.14":
         with held_0_5_14(SCRIPT, payload) as results:
