@@ -283,8 +283,7 @@ PoolOption = Annotated[
         "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools); for its host "
         "pool layers=N, tokens=N (device slots), heads=N, head_dim=N, conv_shapes=AxB[+CxD], temporal_shape=AxBxC, "
         "conv_dtype, temporal_dtype. Naming a --pool-preset pool changes only the options given "
-        "(repeatable; docs/side-pools.md). With --sglang-url, an enabled L3 layout's pools replace these "
-        "(docs/side-pools.md#l3-layout-endpoint).",
+        "(repeatable; docs/side-pools.md).",
         metavar="POOL",
         show_default=False,
         rich_help_panel=DEPLOYMENT,
