@@ -22,6 +22,7 @@ from ..options import (
     SglangVersionOption,
     WritePolicy,
     WritePolicyOption,
+    check_plot_path,
     value_of,
 )
 from ..output import emit, reporting, stderr, stdout
@@ -237,8 +238,7 @@ def multiturn(
 
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers} must be 1 or more.")
-        if plot is not None and not plot.lower().endswith(".png"):
-            raise InputError(f"--plot {plot!r} must name a .png file.")
+        check_plot_path(plot)
         spec = MultiturnSpec(
             clients=clients,
             rounds=rounds,
@@ -255,8 +255,6 @@ def multiturn(
             preset=preset,
             concurrency=concurrency,
         ).validate()
-        if plot is not None:
-            _check_writable(plot)
         with interrupt.stop_on_signals():
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.to_json()
@@ -265,14 +263,3 @@ def multiturn(
         emit(data, json_output, _render)
         if result.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)
-
-
-def _check_writable(path: str) -> None:
-    """Fail before a long run rather than after it."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"--plot {path!r}: the folder {folder} does not exist.")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"--plot {path!r}: the folder {folder} is not writable.")
