@@ -152,7 +152,7 @@ def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int =
         if progress is not None:
             progress(run + 1, repeats, ours_seconds[-1], sglang_seconds[-1] if sglang_seconds else None)
     if not ours_seconds:  # stopped before the first run ended: no figure to report
-        interrupt.check("bench keys")
+        raise interrupt.Interrupted(f"bench keys stopped on {interrupt.reason()} before its first run ended: nothing was measured.")
 
     return KeyBenchResult(
         tokens=n,

@@ -536,14 +536,18 @@ def _in_flight_rule(spec: MultiturnSpec) -> str:
 
 def _worker(spec: MultiturnSpec, config: str, queue, stop) -> None:
     """Child process: run one configuration, report progress and the result on `queue`; the
-    parent's `stop` event ends it after the round in progress."""
+    parent's `stop` event, or a SIGTERM of its own, ends it after the round in progress."""
     import signal
 
-    # A terminal's Ctrl-C reaches the whole process group: the parent alone decides, through `stop`
-    # (SIGTERM stays the parent's way to end a worker at once).
+    # A terminal's Ctrl-C reaches the whole process group: the parent decides, through `stop`. A
+    # SIGTERM to the group (a service manager) stops the worker like `stop`, so its rounds still
+    # reach the parent; the parent ends a worker whose result it drops with SIGKILL.
+    terminated: list[bool] = []
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(True))
     try:
-        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)), stop=stop.is_set)
+        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)),
+                         stop=lambda: stop.is_set() or bool(terminated))
         queue.put(("done", config, run))
     except HicacheError as err:
         queue.put(("error", config, (type(err).__name__, err.message, err.hint, err.exit_code)))
@@ -592,7 +596,7 @@ def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, p
                 dead = [name for name, proc in running.items() if not proc.is_alive()]
                 if not dead:
                     continue
-                if stop.is_set():  # killed along with us (a signal to the whole group): no result
+                if interrupt.requested():  # killed along with us (SIGTERM to the whole group): no result
                     running.pop(dead[0]).join()
                     continue
                 try:  # a worker that just put its result and exited: its message is in the pipe
@@ -607,16 +611,18 @@ def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, p
                     progress(name, payload, spec.rounds)
             elif kind == "done":
                 runs[name] = payload
-                running.pop(name).join()
+                finished = running.pop(name, None)  # None: already dropped as dead after a stop
+                if finished is not None:
+                    finished.join()
             elif kind == "error":
                 _, message, hint, code = payload
                 raise _WorkerError(message, hint, code)
             else:
                 raise RuntimeError(f"the {name} worker failed: {payload}")
     finally:
-        for proc in running.values():
+        for proc in running.values():  # results no one will read: accounting-only workers hold nothing else
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()
             proc.join(timeout=5)
     return runs
 
@@ -652,7 +658,7 @@ def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, work
     runs = {name: runs[name] for name in configs if name in runs and runs[name].rounds_done}
     interrupted = len(runs) < len(configs) or any(run.interrupted for run in runs.values())
     if not runs:  # stopped before any round ended: no figure to report
-        interrupt.check("bench multiturn")
+        raise interrupt.Interrupted(f"bench multiturn stopped on {interrupt.reason()} before its first round ended: nothing was measured.")
     return MultiturnResult(spec, runs, workers, time.perf_counter() - t0, interrupted)
 
 

@@ -157,7 +157,7 @@ def bench_store(cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int
             client.close()
     cases_json = [r.to_json() for r in results if r.put_ours_s]
     if not cases_json:  # stopped before any timed round: no figure to report
-        interrupt.check("bench store")
+        raise interrupt.Interrupted(f"bench store stopped on {interrupt.reason()} before its first timed round ended: nothing was measured.")
     ratios = [c[k] for c in cases_json for k in ("put_ratio", "get_ratio") if c[k] is not None]
     worst = min(ratios)
     return {

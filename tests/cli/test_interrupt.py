@@ -65,14 +65,15 @@ def _start_until(argv: list[str], marker: str) -> tuple[subprocess.Popen, list[s
     return proc, children
 
 
-def _stop(proc: subprocess.Popen, children: list[str], *, whole_group: bool = False) -> tuple[str, str]:
-    """SIGINT (to the process, or to its group as a terminal's Ctrl-C does); its output once it
+def _stop(proc: subprocess.Popen, children: list[str], *, whole_group: bool = False,
+          sig: signal.Signals = signal.SIGINT) -> tuple[str, str]:
+    """`sig` (to the process, or to its group as a terminal's Ctrl-C does); its output once it
     exited 130, having taken down every child it had."""
     try:
         if whole_group:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, sig)
         else:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err
         assert "Traceback" not in err, err
@@ -105,6 +106,16 @@ def test_bench_multiturn_ctrl_c_reports_the_rounds_each_worker_finished():
     for name, n in done.items():  # a figure for each round a configuration finished, none after
         assert all(entry[name] is not None for entry in data["rounds"][:n])
         assert all(entry[name] is None for entry in data["rounds"][n:])
+
+
+def test_bench_multiturn_sigterm_to_the_group_stops_every_worker_after_its_round():
+    # A service manager's SIGTERM reaches the workers too: they stop like on the parent's request.
+    proc, children = _start_until([*MULTITURN, "--workers", "3", "--json"], "rounds done")
+    out, _ = _stop(proc, children, whole_group=True, sig=signal.SIGTERM)
+    data = json.loads(out)
+    assert data["interrupted"] is True
+    done = [conf["rounds_done"] for conf in data["configurations"].values()]
+    assert len(done) == 3 and all(0 < n < 1000 for n in done), done
 
 
 def test_bench_multiturn_ctrl_c_in_one_process_prints_the_partial_table():
