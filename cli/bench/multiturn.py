@@ -233,7 +233,8 @@ def multiturn(
     """
     with reporting(json_output):
         from hicache_ops import interrupt
-        from hicache_ops.bench.multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
+        from hicache_ops.bench.multiturn import MultiturnSpec, run_multiturn
+        from hicache_ops.bench.multiturn_plot import plot_hit_rates
         from hicache_ops.sglang.versions import default_version
 
         if workers is not None and workers < 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ..errors import HicacheError, InputError
+from ..errors import InputError
 from ..mooncake.net import is_loopback, parse_host_port
 from . import processes, state, topology
 
@@ -78,7 +78,7 @@ def segment_owners(segments: Iterable[tuple[str, str | None]], run_dir: str | os
         try:
             address, _ = parse_host_port(segment or "", what="segment")
             _, port = parse_host_port(endpoint or segment or "", what="Transfer Engine endpoint")
-        except (InputError, HicacheError):
+        except InputError:
             continue
         if not is_loopback(address):
             owners = [_name(h) for h in lab["hosts"] if h["address"] == address]
