@@ -9,11 +9,13 @@ OUTPUT (how results are printed).
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from typing import Annotated
 
 import typer
 
+from hicache_ops.errors import InputError
 from hicache_ops.sglang.policy import STOP_POLICIES, WRITE_POLICIES
 from hicache_ops.sglang.geometry import DTYPES, PRESETS
 from hicache_ops.sglang.host_pool import LAYOUTS
@@ -330,6 +332,19 @@ PlotOption = Annotated[
     typer.Option("--plot", help="Write the hit-rate plot to this PNG.", metavar="FILE", show_default=False,
                  rich_help_panel=OUTPUT),
 ]
+
+
+def check_plot_path(plot: str | None) -> None:
+    """A --plot FILE names a .png in a folder that exists and is writable: refused before a long run, not after."""
+    if plot is None:
+        return
+    if not plot.lower().endswith(".png"):
+        raise InputError(f"--plot {plot!r} must name a .png file.")
+    folder = os.path.dirname(os.path.abspath(plot))
+    if not os.path.isdir(folder):
+        raise InputError(f"--plot {plot!r}: the folder {folder} does not exist.")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"--plot {plot!r}: the folder {folder} is not writable.")
 QuietOption = Annotated[
     bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUTPUT)
 ]

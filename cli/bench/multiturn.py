@@ -22,6 +22,7 @@ from ..options import (
     SglangVersionOption,
     WritePolicy,
     WritePolicyOption,
+    check_plot_path,
     value_of,
 )
 from ..output import emit, reporting, stderr, stdout
@@ -33,11 +34,13 @@ EXAMPLES = examples(
 )
 
 
-def _percent(x: float) -> str:
-    return f"{100 * x:5.1f}%"
+def _percent(x: float | None) -> str:
+    return "    -" if x is None else f"{100 * x:5.1f}%"
 
 
-def _tokens(n: int) -> str:
+def _tokens(n: int | None) -> str:
+    if n is None:
+        return "-"
     if n >= 10**6:
         return f"{n / 1e6:.1f}M"
     if n >= 10**4:
@@ -75,7 +78,7 @@ def _render(data: dict) -> None:
         cells = [str(r), _percent(entry["ceiling"])]
         for name in configs:
             text = _percent(entry[name])
-            if cliffs[name]["leaves_ceiling"] == r:
+            if cliffs[name]["leaves_ceiling"] == r and entry[name] is not None:
                 text = f"[bold red]{text}[/]"
             cells.append(text)
         cells.append(" / ".join(_tokens(entry["prefilled_tokens"][name]) for name in configs))
@@ -88,7 +91,9 @@ def _render(data: dict) -> None:
 
     prefilled = data["prefilled_tokens"]
     base = prefilled.get("l1")
-    stdout.print(f"prompt tokens: {_tokens(data['prompt_tokens'])}; prefilled (computed) tokens:")
+    totalled = data["rounds_totalled"]
+    over = f" (rounds 0-{totalled - 1}, which every configuration finished)" if data["interrupted"] else ""
+    stdout.print(f"prompt tokens{over}: {_tokens(data['prompt_tokens'])}; prefilled (computed) tokens:")
     for name in configs:
         ratio = f"  ({base / prefilled[name]:.1f}x fewer than L1)" if base and name != "l1" and prefilled[name] else ""
         stdout.print(f"  {labels[name]:<9} {_tokens(prefilled[name]):>7}{ratio}")
@@ -98,7 +103,9 @@ def _render(data: dict) -> None:
     stdout.print("cliffs (first round below the ceiling; predicted from the pool sizes):")
     for name in configs:
         c = cliffs[name]
-        seen = "never" if c["leaves_ceiling"] is None else f"round {c['leaves_ceiling']}"
+        done = data["configurations"][name]["rounds_done"]
+        never = "never" if done == w["rounds"] else f"not in its {done} rounds"
+        seen = never if c["leaves_ceiling"] is None else f"round {c['leaves_ceiling']}"
         predicted = "none" if c["predicted"] is None else f"round {c['predicted']}"
         zero = f", zero from round {c['zero_from']}" if c["zero_from"] is not None else ""
         stdout.print(f"  {labels[name]:<9} {seen}{zero}  (predicted: {predicted})")
@@ -119,6 +126,15 @@ def _render(data: dict) -> None:
         for n in configs
     )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
+    if data["interrupted"]:
+        from hicache_ops.bench.multiturn import CONFIGS, LABELS
+
+        done = ", ".join(
+            f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}" if n in data["configurations"]
+            else f"{LABELS[n]} not run"
+            for n in CONFIGS
+        )
+        stdout.print(f"[bold yellow]interrupted after rounds {done}:[/] the figures cover the rounds finished")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
 
@@ -212,16 +228,18 @@ def multiturn(
 ) -> None:
     """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r).
 
-    --plot draws the hit rate of each configuration by round.
+    --plot draws the hit rate of each configuration by round. Ctrl-C stops each configuration after
+    its round in progress and reports the rounds finished (exit 130).
     """
     with reporting(json_output):
-        from hicache_ops.bench.multiturn import MultiturnSpec, plot_hit_rates, run_multiturn
+        from hicache_ops import interrupt
+        from hicache_ops.bench.multiturn import MultiturnSpec, run_multiturn
+        from hicache_ops.bench.multiturn_plot import plot_hit_rates
         from hicache_ops.sglang.versions import default_version
 
         if workers is not None and workers < 1:
             raise InputError(f"--workers {workers} must be 1 or more.")
-        if plot is not None and not plot.lower().endswith(".png"):
-            raise InputError(f"--plot {plot!r} must name a .png file.")
+        check_plot_path(plot)
         spec = MultiturnSpec(
             clients=clients,
             rounds=rounds,
@@ -238,21 +256,11 @@ def multiturn(
             preset=preset,
             concurrency=concurrency,
         ).validate()
-        if plot is not None:
-            _check_writable(plot)
-        result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
+        with interrupt.stop_on_signals():
+            result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.to_json()
         if plot is not None:
             data["plot"] = plot_hit_rates(result, plot)
         emit(data, json_output, _render)
-
-
-def _check_writable(path: str) -> None:
-    """Fail before a long run rather than after it."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"--plot {path!r}: the folder {folder} does not exist.")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"--plot {path!r}: the folder {folder} is not writable.")
+        if result.interrupted:
+            raise typer.Exit(interrupt.EXIT_CODE)

@@ -23,6 +23,7 @@ from ..options import (
     SglangVersionOption,
     WritePolicy,
     WritePolicyOption,
+    check_plot_path,
     value_of,
 )
 from ..output import emit, reporting, stderr, stdout
@@ -222,8 +223,7 @@ def replay(
             raise InputError(f"--sweep tier {tier!r} must be l1, l2 or l3.", hint="e.g. --sweep l1 500000:20000000:8")
         if plot is not None and tier is None:
             raise InputError("--plot draws a sweep: add --sweep TIER FROM:TO:STEPS.")
-        if plot is not None and not plot.lower().endswith(".png"):
-            raise InputError(f"--plot {plot!r} must name a .png file.")
+        check_plot_path(plot)
         if limit is not None and limit < 1:
             raise InputError(f"--limit {limit} must be 1 or more.")
         spec = ReplaySpec(
@@ -234,8 +234,6 @@ def replay(
         if tier is None:  # a sweep validates each of its configurations
             spec.validate()
         capacities = parse_sweep(sweep_range, page_size) if tier else None
-        if plot is not None:
-            _check_writable(plot)
         loaded = load_trace(trace, trace_format, limit)
         with interrupt.stop_on_signals():
             report = run_report(spec, loaded, sweep_tier=tier, capacities=capacities, progress=_Progress(not quiet))
@@ -245,14 +243,3 @@ def replay(
         emit(data, json_output, _render)
         if report.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)
-
-
-def _check_writable(path: str) -> None:
-    """Fail before a long run rather than after it."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"--plot {path!r}: the folder {folder} does not exist.")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"--plot {path!r}: the folder {folder} is not writable.")

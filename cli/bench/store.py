@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
@@ -9,8 +10,8 @@ import typer
 from hicache_ops.errors import InputError
 
 from ..help import examples
-from ..options import JsonOption, RepeatsOption
-from ..output import emit, native_stderr_to_file, reporting, stdout
+from ..options import JsonOption, QuietOption, RepeatsOption
+from ..output import emit, native_stderr_to_file, reporting, stderr, stdout
 
 EXAMPLES = examples(
     "hicache bench store",
@@ -29,23 +30,45 @@ def _size(text: str) -> tuple[int, int]:
     return int(count_text), int(size_text) * mult
 
 
+def _label(objects: int, size: int) -> str:
+    return f"{objects} x {size // 1024**2} MiB" if size % 1024**2 == 0 else f"{objects} x {size // 1024} KiB"
+
+
 def _render(data: dict) -> None:
-    stdout.print(
-        f"store client vs raw Mooncake, same process, median of {data['rounds']} interleaved rounds",
-    )
+    rounds = (f"the interleaved rounds finished of {data['rounds']}" if data["interrupted"]
+              else f"{data['rounds']} interleaved rounds")
+    stdout.print(f"store client vs raw Mooncake, same process, median of {rounds}")
     for case in data["cases"]:
-        size = case["object_bytes"]
-        label = f"{case['objects']} x {size // 1024**2} MiB" if size % 1024**2 == 0 else f"{case['objects']} x {size // 1024} KiB"
-        stdout.print(
-            f"  {label:<16} put  ours {case['put_ours_gbps']:6.2f} GB/s  raw {case['put_raw_gbps']:6.2f} GB/s  "
-            f"ratio {case['put_ratio']:.3f}",
-        )
-        stdout.print(
-            f"  {'':<16} get  ours {case['get_ours_gbps']:6.2f} GB/s  raw {case['get_raw_gbps']:6.2f} GB/s  "
-            f"ratio {case['get_ratio']:.3f}",
-        )
+        label = _label(case["objects"], case["object_bytes"])
+        for phase, first in (("put", label), ("get", "")):
+            if case[f"{phase}_ratio"] is None:
+                stdout.print(f"  {first:<16} {phase}  not measured (interrupted)")
+                continue
+            rounds = case["rounds"] if phase == "put" else case["get_rounds"]
+            partial = f"  ({rounds} rounds)" if rounds != data["rounds"] else ""
+            stdout.print(
+                f"  {first:<16} {phase}  ours {case[f'{phase}_ours_gbps']:6.2f} GB/s  "
+                f"raw {case[f'{phase}_raw_gbps']:6.2f} GB/s  ratio {case[f'{phase}_ratio']:.3f}{partial}",
+            )
     verdict = "meets" if data["meets_goal"] else "misses"
     stdout.print(f"  lowest ratio {data['min_ratio']:.3f} ({verdict} the goal {data['goal']})")
+    if data["interrupted"]:
+        measured = ", ".join(_label(c["objects"], c["object_bytes"]) for c in data["cases"])
+        stdout.print(f"[bold yellow]interrupted after {measured}:[/] the figures cover the rounds finished")
+
+
+class _Progress:
+    """Rounds done on stderr: each phase's first and last round, and at most one line a second between."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, number: int, cases: int, objects: int, phase: str, done: int, rounds: int) -> None:
+        now = time.monotonic()
+        if done not in (1, rounds) and now - self.last < 1.0:
+            return
+        self.last = now
+        stderr.print(f"case {number}/{cases} ({objects} objects): {phase} round {done}/{rounds}")
 
 
 def store(
@@ -55,16 +78,21 @@ def store(
                      metavar="COUNTxBYTES", show_default=False),
     ] = None,
     repeats: RepeatsOption = 21,
+    quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Our store client's batch put/get against raw batch_put_from / batch_get_into, in one process.
 
-    The median of --repeats counts; the run starts a loopback master of its own.
+    The median of --repeats counts; the run starts a loopback master of its own. Ctrl-C stops
+    between rounds and reports the rounds finished (exit 130).
     """
     with reporting(json_output):
+        from hicache_ops import interrupt
         from hicache_ops.bench.store import DEFAULT_CASES, bench_store
 
         cases = [_size(c) for c in case] if case else list(DEFAULT_CASES)
-        with native_stderr_to_file(None, "bench_store_mooncake.log"):
-            data = bench_store(cases, rounds=repeats)
+        with interrupt.stop_on_signals(), native_stderr_to_file(None, "bench_store_mooncake.log"):
+            data = bench_store(cases, rounds=repeats, progress=None if quiet else _Progress())
         emit(data, json_output, _render)
+        if data["interrupted"]:
+            raise typer.Exit(interrupt.EXIT_CODE)

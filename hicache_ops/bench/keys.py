@@ -4,6 +4,8 @@ Both sides hash the same token ids (a uint32-valued int array, whole pages). The
 interleaved (ours, SGLang's, ours, ...; the first side alternates) so a noisy neighbour on a
 shared machine hurts both alike, and each side's median run counts. A throughput figure means
 nothing unless both sides computed the same keys: a difference is refused (CheckFailed).
+A stop request (Ctrl-C, hicache_ops/interrupt.py) ends the loop between runs: the medians then
+cover the runs finished so far, and the result says it was interrupted.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import statistics
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import interrupt
 from ..errors import CheckFailed
 from ..sglang.keys import native_available, page_keys
 from ..sglang.versions import V0_5_23
@@ -25,11 +28,16 @@ from ..sglang.versions import V0_5_23
 class KeyBenchResult:
     tokens: int
     page_size: int
-    repeats: int
+    repeats: int  # runs requested; the medians cover len(ours_seconds) of them
     ours_seconds: list[float]
     sglang_seconds: list[float] | None
     sglang_error: str | None
     native: bool
+    interrupted: bool = False
+
+    @property
+    def runs_done(self) -> int:
+        return len(self.ours_seconds)
 
     @property
     def ours_tokens_per_s(self) -> float:
@@ -50,7 +58,9 @@ class KeyBenchResult:
         return {
             "tokens": self.tokens,
             "page_size": self.page_size,
-            "repeats": self.repeats,
+            "repeats": self.runs_done,
+            "repeats_requested": self.repeats,
+            "interrupted": self.interrupted,
             "statistic": "median",
             "native": self.native,
             "ours_tokens_per_s": self.ours_tokens_per_s,
@@ -96,7 +106,12 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int = 5, seed: int = 0) -> KeyBenchResult:
+RunProgress = Callable[[int, int, float, float | None], None]  # (runs done, runs, ours s, sglang s)
+
+
+def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int = 5, seed: int = 0,
+                    progress: RunProgress | None = None) -> KeyBenchResult:
+    """Time both sides `repeats` times; a stop request ends the loop after the run in progress."""
     n = (tokens // page_size) * page_size
     ids = np.random.default_rng(seed).integers(0, 150_000, size=n, dtype=np.int64)
     # SGLang takes an array.array of int64 without a Python-level conversion: its fastest input.
@@ -117,7 +132,11 @@ def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int =
 
     ours_seconds: list[float] = []
     sglang_seconds: list[float] = []
+    interrupted = False
     for run in range(repeats):
+        if interrupt.requested():
+            interrupted = True
+            break
         sides = [(ours, ours_seconds)]
         if get_hash_str is not None:
             sides.append((theirs, sglang_seconds))
@@ -130,6 +149,10 @@ def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int =
             outputs.append(keys)
         if len(outputs) == 2:
             require_same_keys(*outputs)
+        if progress is not None:
+            progress(run + 1, repeats, ours_seconds[-1], sglang_seconds[-1] if sglang_seconds else None)
+    if not ours_seconds:  # stopped before the first run ended: no figure to report
+        raise interrupt.Interrupted(f"bench keys stopped on {interrupt.reason()} before its first run ended: nothing was measured.")
 
     return KeyBenchResult(
         tokens=n,
@@ -139,4 +162,5 @@ def bench_page_keys(tokens: int = 4_194_304, page_size: int = 64, repeats: int =
         sglang_seconds=sglang_seconds if get_hash_str is not None else None,
         sglang_error=error,
         native=native_available(),
+        interrupted=interrupted,
     )

@@ -24,6 +24,10 @@ cache can hit more than h_max(r) = r*(n+o) / (r*(n+o) + n); with n=4096, o=16 th
 4112r / (4096(r+1) + 16r). A page-granular cache reaches floor(r*(n+o)/page)*page of it
 (`ceiling_paged`).
 
+A stop request (Ctrl-C, hicache_ops/interrupt.py) ends each configuration after the round in
+progress; configurations not yet started are not run. The result then covers the rounds finished,
+per configuration, and its totals the rounds every configuration finished.
+
 Pure library: no typer, no rich; torch and mooncake are imported only by the real-bytes mode.
 """
 
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import interrupt
 from ..engine.scheduler import WaveStats, run_wave
 from ..errors import HicacheError, InputError
 from ..sglang.versions import NEWEST, validate_version
@@ -317,11 +322,17 @@ class ConfigRun:
     elapsed_s: float = 0.0
     cpu_s: float = 0.0
     waves: dict = field(default_factory=dict)  # the concurrency model's totals (WaveStats)
+    interrupted: bool = False  # stopped before its last round
+
+    @property
+    def rounds_done(self) -> int:
+        return len(self.cached)
 
 
 def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = None,
-               tokens: np.ndarray | None = None) -> ConfigRun:
-    """Drive one configuration through every round of the workload."""
+               tokens: np.ndarray | None = None, stop: Callable[[], bool] = interrupt.requested) -> ConfigRun:
+    """Drive one configuration through every round of the workload; `stop()` true ends it after
+    the round in progress (marked interrupted)."""
     from dataclasses import asdict
 
     if config not in CONFIGS:
@@ -341,6 +352,9 @@ def run_config(spec: MultiturnSpec, config: str, progress: Progress | None = Non
     try:
         waves = WaveStats()
         for r in range(spec.rounds):
+            if stop():
+                run.interrupted = True
+                break
             end = (r + 1) * turn
             prompt_end = end - spec.output_tokens
             device = host = storage = 0
@@ -393,6 +407,17 @@ class MultiturnResult:
     runs: dict[str, ConfigRun]
     workers: int
     wall_s: float
+    interrupted: bool = False  # a stop request ended some configuration early or left one unstarted
+
+    @property
+    def rounds_reported(self) -> int:
+        """Rounds with a figure for at least one configuration."""
+        return max((run.rounds_done for run in self.runs.values()), default=0)
+
+    @property
+    def rounds_totalled(self) -> int:
+        """Rounds every configuration finished: the totals cover these, so they compare like with like."""
+        return min((run.rounds_done for run in self.runs.values()), default=0)
 
     @property
     def mode(self) -> str:
@@ -417,7 +442,7 @@ class MultiturnResult:
         predicted = self.spec.predicted_cliffs()
         out = {}
         for name, run in self.runs.items():
-            rounds = range(self.spec.rounds)
+            rounds = range(run.rounds_done)
             leaves = next((r for r in rounds if run.cached[r] < self.ceiling_tokens(r)), None)
             zero_from = None
             for r in reversed(rounds):
@@ -430,19 +455,21 @@ class MultiturnResult:
     def to_json(self) -> dict:
         spec = self.spec
         rounds = []
-        for r in range(spec.rounds):
+        for r in range(self.rounds_reported):
             entry = {
                 "round": r,
                 "prompt_tokens": self.prompt_tokens(r),
                 "ceiling": spec.ceiling(r),
                 "ceiling_paged": spec.ceiling_paged(r),
             }
-            entry.update({name: self.hit_rate(name, r) for name in self.runs})
-            entry["prefilled_tokens"] = {name: self.prefilled(name, r) for name in self.runs}
+            done = [name for name, run in self.runs.items() if r < run.rounds_done]
+            entry.update({name: self.hit_rate(name, r) if name in done else None for name in self.runs})
+            entry["prefilled_tokens"] = {name: self.prefilled(name, r) if name in done else None for name in self.runs}
             rounds.append(entry)
-        total_prompt = sum(self.prompt_tokens(r) for r in range(spec.rounds))
-        prefilled = {name: sum(self.prefilled(name, r) for r in range(spec.rounds)) for name in self.runs}
-        prefilled["ceiling"] = total_prompt - sum(self.ceiling_tokens(r) for r in range(spec.rounds))
+        totalled = range(self.rounds_totalled)
+        total_prompt = sum(self.prompt_tokens(r) for r in totalled)
+        prefilled = {name: sum(self.prefilled(name, r) for r in totalled) for name in self.runs}
+        prefilled["ceiling"] = total_prompt - sum(self.ceiling_tokens(r) for r in totalled)
         configurations = {}
         for name, run in self.runs.items():
             s = run.stats
@@ -472,6 +499,7 @@ class MultiturnResult:
                     "revoked": s.get("prefetches_revoked", 0),
                 },
                 "waves": run.waves,
+                "rounds_done": run.rounds_done,
             }
         return {
             "mode": self.mode,
@@ -493,6 +521,8 @@ class MultiturnResult:
             "workers": self.workers,
             "wall_s": self.wall_s,
             "in_flight_rule": _in_flight_rule(spec),
+            "interrupted": self.interrupted,
+            "rounds_totalled": self.rounds_totalled,
         }
 
 
@@ -504,10 +534,20 @@ def _in_flight_rule(spec: MultiturnSpec) -> str:
     return f"limit {limit:,} tokens, {pol.prefetch_limit_rule(spec.sglang_version)}; {pol.retry_rule(spec.sglang_version)}"
 
 
-def _worker(spec: MultiturnSpec, config: str, queue) -> None:
-    """Child process: run one configuration, report progress and the result on `queue`."""
+def _worker(spec: MultiturnSpec, config: str, queue, stop) -> None:
+    """Child process: run one configuration, report progress and the result on `queue`; the
+    parent's `stop` event, or a SIGTERM of its own, ends it after the round in progress."""
+    import signal
+
+    # A terminal's Ctrl-C reaches the whole process group: the parent decides, through `stop`. A
+    # SIGTERM to the group (a service manager) stops the worker like `stop`, so its rounds still
+    # reach the parent; the parent ends a worker whose result it drops with SIGKILL.
+    terminated: list[bool] = []
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(True))
     try:
-        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)))
+        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)),
+                         stop=lambda: stop.is_set() or bool(terminated))
         queue.put(("done", config, run))
     except HicacheError as err:
         queue.put(("error", config, (type(err).__name__, err.message, err.hint, err.exit_code)))
@@ -536,21 +576,28 @@ def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, p
     single = threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
     ctx = mp.get_context("fork" if single else "spawn")
     queue = ctx.Queue()
+    stop = ctx.Event()
     pending = list(configs)
     running: dict[str, object] = {}
     runs: dict[str, ConfigRun] = {}
     try:
         while pending or running:
+            if interrupt.requested() and not stop.is_set():
+                stop.set()  # running workers finish their round and report; the others never start
+                pending.clear()
             while pending and len(running) < workers:
                 name = pending.pop(0)
-                proc = ctx.Process(target=_worker, args=(spec, name, queue), daemon=True)
+                proc = ctx.Process(target=_worker, args=(spec, name, queue, stop), daemon=True)
                 proc.start()
                 running[name] = proc
             try:
-                kind, name, payload = queue.get(timeout=1.0)
+                kind, name, payload = queue.get(timeout=0.2)
             except queue_mod.Empty:
                 dead = [name for name, proc in running.items() if not proc.is_alive()]
                 if not dead:
+                    continue
+                if interrupt.requested():  # killed along with us (SIGTERM to the whole group): no result
+                    running.pop(dead[0]).join()
                     continue
                 try:  # a worker that just put its result and exited: its message is in the pipe
                     kind, name, payload = queue.get(timeout=5.0)
@@ -564,16 +611,18 @@ def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, p
                     progress(name, payload, spec.rounds)
             elif kind == "done":
                 runs[name] = payload
-                running.pop(name).join()
+                finished = running.pop(name, None)  # None: already dropped as dead after a stop
+                if finished is not None:
+                    finished.join()
             elif kind == "error":
                 _, message, hint, code = payload
                 raise _WorkerError(message, hint, code)
             else:
                 raise RuntimeError(f"the {name} worker failed: {payload}")
     finally:
-        for proc in running.values():
+        for proc in running.values():  # results no one will read: accounting-only workers hold nothing else
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()
             proc.join(timeout=5)
     return runs
 
@@ -599,11 +648,18 @@ def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, work
     t0 = time.perf_counter()
     if workers == 1:
         tokens = workload_tokens(spec)
-        runs = {name: run_config(spec, name, progress, tokens) for name in configs}
+        runs = {}
+        for name in configs:
+            if interrupt.requested():
+                break
+            runs[name] = run_config(spec, name, progress, tokens)
     else:
         runs = _run_parallel(spec, configs, workers, progress)
-        runs = {name: runs[name] for name in configs}
-    return MultiturnResult(spec, runs, workers, time.perf_counter() - t0)
+    runs = {name: runs[name] for name in configs if name in runs and runs[name].rounds_done}
+    interrupted = len(runs) < len(configs) or any(run.interrupted for run in runs.values())
+    if not runs:  # stopped before any round ended: no figure to report
+        raise interrupt.Interrupted(f"bench multiturn stopped on {interrupt.reason()} before its first round ended: nothing was measured.")
+    return MultiturnResult(spec, runs, workers, time.perf_counter() - t0, interrupted)
 
 
 def _cpus() -> int:
@@ -613,77 +669,3 @@ def _cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# The plot
-# ---------------------------------------------------------------------------------------------
-
-
-def plot_hit_rates(result: MultiturnResult, path: str) -> str:
-    """Hit rate by round: one line per configuration plus the ceiling h_max(r); returns `path`."""
-    import matplotlib.pyplot as plt
-
-    fig = hit_rate_figure(result)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def hit_rate_figure(result: MultiturnResult):
-    """The figure `plot_hit_rates` saves (the caller closes it)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError(
-            "--plot needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
-        ) from None
-    from matplotlib.ticker import MaxNLocator
-
-    spec = result.spec
-    rounds = list(range(spec.rounds))
-    fig, ax = plt.subplots(figsize=(11, 5), dpi=120)
-    # The ceiling is a wide pale band under the curves: a configuration that reaches it stays visible.
-    ax.plot(rounds, [100 * spec.ceiling(r) for r in rounds], color="0.6", linewidth=7, alpha=0.35, solid_capstyle="butt",
-            label="ceiling $h_{max}(r)$", zorder=1)
-    # Colour, dash pattern, marker and width all differ, so coinciding curves still tell apart.
-    styles = {
-        "l1": {"color": "tab:red", "linestyle": "-", "marker": "o", "linewidth": 2.4},
-        "l1_l2": {"color": "tab:orange", "linestyle": (0, (6, 3)), "marker": "s", "linewidth": 1.9},
-        "l1_l2_l3": {"color": "tab:blue", "linestyle": (0, (2, 2)), "marker": "^", "linewidth": 1.4},
-    }
-    for name in result.runs:
-        ax.plot(rounds, [100 * result.hit_rate(name, r) for r in rounds], markersize=3.5, label=LABELS[name],
-                zorder=3, **styles[name])
-    for name, cliff in result.cliffs().items():
-        predicted, leaves = cliff["predicted"], cliff["leaves_ceiling"]
-        color = styles[name]["color"]
-        if predicted is not None:
-            ax.axvline(predicted, color=color, linestyle=":", linewidth=1, zorder=2,
-                       label=f"{LABELS[name]} pool outgrown (round {predicted})")
-        if leaves is not None:
-            y = 100 * result.hit_rate(name, leaves)
-            ax.annotate(f"{LABELS[name]} cliff: round {leaves}", xy=(leaves, y), xytext=(8, 14), textcoords="offset points",
-                        color=color, fontsize=8, arrowprops={"arrowstyle": "->", "color": color, "linewidth": 0.8})
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("prompt-token hit rate (%)")
-    ax.set_ylim(-2, 102)
-    ax.set_xlim(0, max(1, spec.rounds - 1))
-    ax.grid(True, alpha=0.3)
-    pools = (
-        f"L1 {spec.device_tokens:,} tokens ({spec.l1_rounds_effective:.1f} rounds), "
-        f"L2 {spec.host_pages * spec.page_size:,} tokens (ratio {spec.hicache_ratio:g}), {spec.write_policy}"
-    )
-    ax.set_title(
-        f"Multi-turn hit rate: {spec.clients} clients x {spec.rounds} rounds x "
-        f"({spec.new_tokens:,} + {spec.output_tokens}) tokens, page {spec.page_size}\n{pools}",
-        fontsize=9,
-    )
-    # Outside the axes: inside, it covers the tail of the curves.
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0)
-    fig.tight_layout()
-    return fig

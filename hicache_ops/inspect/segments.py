@@ -7,7 +7,9 @@ as the master lists it. Two failures look alike from SGLang (a read error, then 
                local_hostname) to 127.0.0.1/localhost, so every other host dials itself;
   unreachable  no TCP connection to the endpoint from here within the probe's timeout (the owner
                died and the client TTL has not run out yet, a partition, a firewall).
-Probes run in parallel, each bounded, so a listing of many segments stays quick.
+Probes run in parallel, each bounded, so a listing of many segments stays quick. Where a lab is up
+on this machine, a segment with a problem is also attributed to the lab host that owns it
+(hicache_ops/lab/owners.py): a loopback segment's name alone names no host.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InputError, UnreachableError
 from ..mooncake.admin import AdminClient
+from ..lab.owners import describe, segment_owners
 from ..mooncake.net import is_loopback, parse_host_port, tcp_probe
 
 PROBE_TIMEOUT_S = 1.0
@@ -55,17 +58,27 @@ def probe_endpoints(endpoints: Sequence[str], *, master_host: str, timeout: floa
 
 
 def check_segments(segments: list[dict], *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> list[dict]:
-    """Add te_reachable / endpoint_problem / endpoint_note to each segment row of inspect store."""
+    """Add te_reachable / endpoint_problem / endpoint_note to each segment row of inspect store, and
+    for a segment with a problem the lab host owning it (host, host_candidates, host_basis; None
+    and [] where no lab is up)."""
     probes = probe_endpoints([s["te_endpoint"] or s["name"] or "" for s in segments], master_host=master_host, timeout=timeout)
     for seg in segments:
         probe = probes[seg["te_endpoint"] or seg["name"] or ""]
         seg["te_reachable"] = probe["reachable"]
         seg["endpoint_problem"] = probe["problem"]
+    owners = segment_owners((s["name"], s["te_endpoint"]) for s in segments if s["endpoint_problem"])
+    for seg in segments:
+        probe = probes[seg["te_endpoint"] or seg["name"] or ""]
+        owner = owners.get(seg["name"])
+        seg["host"] = owner["host"] if owner else None
+        seg["host_candidates"] = owner["candidates"] if owner else []
+        seg["host_basis"] = owner["basis"] if owner else None
+        on = f" It belongs to {describe(owner)}." if owner else ""
         if probe["problem"] == "loopback":
             seg["endpoint_note"] = (f"advertises the loopback endpoint {probe['endpoint']}: other hosts dial themselves "
-                                    "and cannot read its objects. " + LOOPBACK_FIX)
+                                    f"and cannot read its objects.{on} " + LOOPBACK_FIX)
         elif probe["problem"] == "unreachable":
-            seg["endpoint_note"] = f"this host cannot reach {probe['endpoint']} ({probe['reason']}). " + UNREACHABLE_FIX
+            seg["endpoint_note"] = f"this host cannot reach {probe['endpoint']} ({probe['reason']}).{on} " + UNREACHABLE_FIX
         else:
             seg["endpoint_note"] = ""
     return segments
@@ -95,19 +108,24 @@ def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: flo
     if not bad:
         return []
     segment_of = {s.get("te_endpoint"): s.get("segment_name") for s in admin.segments_detail()}
+    owners = segment_owners((segment_of.get(e) or e, e) for e in bad)
     out = []
     for endpoint, held in bad.items():
         probe = probes[endpoint]
         why = ("a loopback endpoint, so this host dials itself" if probe["problem"] == "loopback"
                else f"unreachable: {probe['reason']}")
+        owner = owners.get(segment_of.get(endpoint) or endpoint)
+        on = f", owned by {describe(owner)}" if owner else ""
         out.append({
             "kind": "unreachable_segment",
             "endpoint": endpoint,
             "segment": segment_of.get(endpoint),
+            "host": owner["host"] if owner else None,
+            "host_candidates": owner["candidates"] if owner else [],
             "problem": probe["problem"],
             "objects": held,
             "message": f"{held[0]} is present on the master but the segment holding it is unreachable from here "
-                       f"(segment {segment_of.get(endpoint) or '?'}, Transfer Engine endpoint {endpoint}, {why}); "
+                       f"(segment {segment_of.get(endpoint) or '?'}{on}, Transfer Engine endpoint {endpoint}, {why}); "
                        f"{len(held)} of the {len(located)} objects located live there, so reads fail and SGLang recomputes.",
             "hint": LOOPBACK_FIX if probe["problem"] == "loopback" else UNREACHABLE_FIX,
         })

@@ -379,7 +379,7 @@ def inspect_store(master: str, *, prefix: str | None = None, limit: int = 20, ti
         "health": health,
         "segments": segments,
         "segment_problems": [{"segment": s["name"], "te_endpoint": s["te_endpoint"], "problem": s["endpoint_problem"],
-                              "note": s["endpoint_note"]}
+                              "host": s["host"], "host_candidates": s["host_candidates"], "note": s["endpoint_note"]}
                              for s in segments if s["endpoint_problem"]],
         "capacity_bytes": capacity,
         "used_bytes": used,

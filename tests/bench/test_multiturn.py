@@ -244,3 +244,35 @@ def test_real_bytes_refuses_the_published_scale():
     result = invoke("--quiet")
     assert result.exit_code == 2
     assert "--accounting-only" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# A stop request (Ctrl-C): the rounds finished are kept, the totals compare like with like
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_stop_request_keeps_the_rounds_finished(tmp_path):
+    from hicache_ops import interrupt
+    from hicache_ops.bench.multiturn_plot import plot_hit_rates
+
+    spec = MultiturnSpec(clients=4, rounds=6, new_tokens=256, output_tokens=16, page_size=16, l1_rounds=2)
+
+    def stop_during_l1_l2(name: str, r: int, rounds: int) -> None:
+        if name == "l1_l2" and r == 2:
+            interrupt.request("a test")
+
+    with interrupt.stop_on_signals():  # clears the request when the block ends
+        stopped = run_multiturn(spec, progress=stop_during_l1_l2, workers=1)
+    whole = run_multiturn(spec, workers=1)
+    assert stopped.interrupted and not whole.interrupted
+    # serial: L1 ran whole, L1+L2 stopped after round 2, L1+L2+L3 never started
+    assert {name: run.rounds_done for name, run in stopped.runs.items()} == {"l1": 6, "l1_l2": 3}
+    assert stopped.runs["l1"].cached == whole.runs["l1"].cached
+    assert stopped.runs["l1_l2"].cached == whole.runs["l1_l2"].cached[:3]
+    data, full = stopped.to_json(), whole.to_json()
+    assert data["interrupted"] is True and data["rounds_totalled"] == 3 and len(data["rounds"]) == 6
+    assert [entry["l1_l2"] for entry in data["rounds"][3:]] == [None] * 3
+    assert [entry["l1"] for entry in data["rounds"]] == [entry["l1"] for entry in full["rounds"]]
+    # totals over the three rounds both configurations finished
+    assert data["prefilled_tokens"]["l1"] == sum(entry["prefilled_tokens"]["l1"] for entry in full["rounds"][:3])
+    assert plot_hit_rates(stopped, str(tmp_path / "partial.png")) and (tmp_path / "partial.png").stat().st_size > 0

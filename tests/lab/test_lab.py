@@ -20,6 +20,7 @@ from cli_runner import hicache
 from hicache_ops.errors import InputError
 from hicache_ops.lab import processes, topology
 from hicache_ops.lab.down import down
+from hicache_ops.lab.owners import segment_owners
 from hicache_ops.lab.up import up
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.playbook import serve_variables
@@ -116,7 +117,8 @@ def test_reader_host_gets_storage_hits_for_what_the_writer_host_wrote(lab):
     assert _json(run)["finding"]["check"] == "1. Served from L1/L2 first", run.stdout
 
 
-def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
+def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
+    monkeypatch.setenv("HICACHE_LAB_DIR", lab["run_dir"])  # where inspect and playbooks find the lab's hosts
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
     result = hicache(["lab", "fault", "loopback-hostname", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
@@ -131,6 +133,22 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     store = _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))
     flagged = {p["segment"]: p["problem"] for p in store["segment_problems"]}
     assert flagged == {bad_segment: "loopback"}
+    # 127.0.0.1:PORT names no host; the lab's observations do
+    problem = store["segment_problems"][0]
+    assert problem["host"] == "h1" and "It belongs to lab host h1" in problem["note"]
+    endpoint = problem["te_endpoint"]
+    owners = segment_owners([(bad_segment, endpoint), ("127.0.0.1:7", "127.0.0.1:18080"), ("127.0.0.1:1", "127.0.0.1:1"),
+                             (_segment(h2), None)], lab["run_dir"])
+    # both observations agree: h1's serve reports the segment, its Transfer Engine port listens in h1 only
+    assert owners[bad_segment]["host"] == "h1"
+    assert owners[bad_segment]["basis"] == (f"h1's serve reports {bad_segment} as its segment, and port "
+                                            f"{endpoint.rsplit(':', 1)[1]} listens there")
+    # no honest mapping: the serves' HTTP port listens in every serve host, port 1 in none
+    assert (owners["127.0.0.1:7"]["host"], owners["127.0.0.1:7"]["candidates"]) == (None, ["h1", "h2"])
+    assert (owners["127.0.0.1:1"]["host"], owners["127.0.0.1:1"]["candidates"]) == (None, ["h1", "h2"])
+    assert "listens in no lab host" in owners["127.0.0.1:1"]["basis"]
+    assert owners[_segment(h2)]["host"] == "h2"  # a lab address names its host
+    assert segment_owners([(bad_segment, endpoint)], Path(lab["run_dir"]) / "no-lab") == {}
 
     scheme = serve_variables(h2)["serve_scheme"].split()
     keys = hicache(["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"])
@@ -139,6 +157,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     entry = next(d for d in _json(keys)["diagnosis"] if d["kind"] == "unreachable_segment")
     assert "present on the master but the segment holding it is unreachable from here" in entry["message"]
     assert entry["problem"] == "loopback" and entry["segment"] == bad_segment
+    assert entry["host"] == "h1" and f"(segment {bad_segment}, owned by lab host h1 (" in entry["message"]
 
     # the reader's trace names the writer's segment at the failed read
     trace = hicache(["trace", "read", "--serve", h2, "--tokens-file", prompt, "--flush", "--allow-writes", "--json"])
@@ -152,6 +171,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab):
     finding = _json(run)["finding"]
     assert finding["check"].endswith("A segment advertises a loopback endpoint")
     assert finding["evidence"]["segment_problems"][0]["segment"] == bad_segment
+    assert finding["evidence"]["segment_problems"][0]["host"] == "h1"
     assert "MOONCAKE_LOCAL_HOSTNAME" in finding["fix"]
 
     healed = hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
@@ -214,7 +234,8 @@ def test_master_restart_loses_every_object_and_clients_remount(lab):
     assert _prefill(h2, fresh)["storage_hit"] == READABLE
 
 
-def test_host_down_takes_its_objects_off_the_master(lab):
+def test_host_down_takes_its_objects_off_the_master(lab, monkeypatch):
+    monkeypatch.setenv("HICACHE_LAB_DIR", lab["run_dir"])
     h1 = lab["hosts"][1]
     tokens, prompt = _prompt(lab, "host-down", 40_000)
     assert _prefill(h1["url"], tokens, backup=True)["stored_pages"] == PAGES
@@ -229,6 +250,8 @@ def test_host_down_takes_its_objects_off_the_master(lab):
     listed = {p["segment"]: p["problem"] for p in store["segment_problems"]}
     if segment in {s["name"] for s in store["segments"]}:  # not yet if the TTL already ran out
         assert listed[segment] == "unreachable"
+        owner = next(p for p in store["segment_problems"] if p["segment"] == segment)
+        assert owner["host"] == "h1" and f"It belongs to lab host h1 ({h1['address']} is" in owner["note"]
     deadline = time.monotonic() + 60
     with AdminClient(lab["master"]["metrics"]) as admin:
         while segment in admin.get_all_segments():

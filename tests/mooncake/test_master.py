@@ -52,6 +52,16 @@ def test_binary_is_the_wheels_executable():
     assert not path.read_bytes()[:2] == b"#!"
 
 
+def _wait_for_text(path: Path, text: str, seconds: float) -> bool:
+    """True once `text` is in the file at `path`; False after `seconds` without it."""
+    deadline = time.monotonic() + seconds
+    while text not in path.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_start_ready_stop(tmp_path):
     log = tmp_path / "master.log"
     master = EmbeddedMaster(log_path=log)
@@ -70,6 +80,9 @@ def test_start_ready_stop(tmp_path):
         # Its own process group, so a signal to ours does not reach it and vice versa.
         assert os.getpgid(pid) == pid != os.getpgid(0)
         assert master.log_path == log and log.exists()
+        # The master's own output reaches the log. Checked while it runs, with a bound: glog may
+        # write the line after /health already answers, and a loaded machine can delay it.
+        assert _wait_for_text(log, "Master service started", 30), log.read_text(errors="replace")
         info = master.info()
         assert info["pid"] == pid and info["log_path"] == str(log) and info["running"] is True
     finally:
@@ -77,7 +90,6 @@ def test_start_ready_stop(tmp_path):
     assert code is not None
     assert not master.running and not _alive(pid)
     assert not _listening(master.rpc_address) and not _listening(master.metrics_address)
-    assert "Master service started" in log.read_text(errors="replace")
     assert master.stop() == code  # idempotent
 
 
