@@ -218,3 +218,20 @@ def preset(name: str, version: str) -> PoolPreset:
     if version not in found.versions:
         raise InputError(f"pool preset {name} needs SGLang {', '.join(found.versions)} (its pools do not exist in {version}).")
     return found
+
+
+def side_pools_for(pool_texts, preset_name: str | None, version: str, mla: bool, page_size: int) -> tuple[PoolSpec, ...]:
+    """The side pools `--pool` / `--pool-preset` give a deployment whose attention kind is fixed
+    (the engine's geometry): a preset of the other kind is refused rather than followed. The
+    engine checks each pool against the version (EngineSpec.check_side_pools)."""
+    pools = [parse_pool(text) for text in pool_texts or ()]
+    if preset_name is not None:
+        chosen = preset(preset_name, version)
+        if chosen.mla != mla:
+            want, have = ("MLA", "MHA") if chosen.mla else ("MHA", "MLA")
+            raise InputError(
+                f"pool preset {preset_name} is for an {want} model but the engine's geometry is {have}.",
+                hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA ones.",
+            )
+        pools = chosen.specs(page_size) + pools
+    return tuple(pools)
