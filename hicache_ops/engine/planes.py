@@ -174,7 +174,7 @@ def side_layout(schemes: list[ObjectKeyScheme], pools: tuple[PoolSpec, ...]) -> 
 
 def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_keys: list[str]) -> list[dict]:
     """The side-pool objects one node's L3 backup writes: per writing rank and pool, the pages the
-    pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "suffix"}."""
+    pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "page_key", "suffix"}."""
     out = []
     for scheme, suffixes in zip(schemes, side):
         for pool in pools:
@@ -183,7 +183,7 @@ def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_k
             for page in written_pages(pool, len(storage_keys)):
                 out.extend(
                     {"key": f"{scheme.prefix}{storage_keys[page]}{suffix}", "rank": scheme.tp_rank, "pool": pool.name,
-                     "page": page, "suffix": suffix}
+                     "page": page, "page_key": storage_keys[page], "suffix": suffix}
                     for suffix in suffixes[pool.name]
                 )
     return out

@@ -28,6 +28,8 @@ FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
     "write-back-no-eviction": (("write", "read"), "the writer uses write_back and never evicts"),
     "prefetch-timeout": (("read",), "L3 reads take 0.5 s per page and the reader's stop policy is timeout"),
     "corrupted-object": (("read",), "the `_k` object of the prompt's second page is overwritten with other bytes"),
+    "missing-side-object": (("read",), "with side pools: the writer stores the prompt's first half, then all of it (two "
+                            "nodes); then the first side pool's objects of the last page are removed"),
 }
 
 
@@ -80,11 +82,17 @@ def diagnosis_causes(
     from ..inspect.live_diff import live_diff
     from ..mooncake.admin import AdminClient
 
+    from ..inspect.keys import expected_keys
+
     admin = AdminClient(metrics_address)
     try:
+        report = None
+        if spec.side_pools:
+            report = expected_keys(tokens, spec.page_size, spec.deployment(), extra_key=extra_key, cache_salt=cache_salt,
+                                   pools=spec.side_pools)
         diff = live_diff(
             tokens, spec.page_size, spec.deployment(), admin, extra_key=extra_key, cache_salt=cache_salt,
-            try_cache_salts=list(try_cache_salts),
+            try_cache_salts=list(try_cache_salts), report=report,
         )
     finally:
         admin.close()
@@ -130,7 +138,9 @@ def run_embedded(
         r_tokens = tokens[: max(ps, ((threshold - 1) // ps) * ps)]
     elif inject == "prefetch-timeout":
         reader_spec = replace(spec, stop_policy="timeout")
-    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object"):
+    if inject == "missing-side-object" and not spec.side_pools:
+        raise InputError("fault 'missing-side-object' needs side pools (--pool or --pool-preset).")
+    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object", "missing-side-object"):
         raise InputError(f"fault {inject!r} needs a prompt of at least two pages ({2 * spec.page_size} tokens).")
 
     # The master's log lives as long as the run: an embedded trace leaves nothing behind.
@@ -148,6 +158,8 @@ def run_embedded(
                 run.scenario["writer"] = _describe(writer_spec, extra_key, cache_salt)
                 run.steps = trace_write(writer, tokens, extra_key=extra_key, cache_salt=cache_salt, on_step=on_step)
                 return run
+            if inject == "missing-side-object":  # a first node ends half way: a Mamba state there too
+                writer.prefill(tokens[: (len(tokens) // spec.page_size // 2) * spec.page_size], extra_key, w_salt)
             written = writer.prefill(tokens, extra_key, w_salt)
             run.scenario["writer"] = {**_describe(writer_spec, extra_key, w_salt), "stored_pages": written.stored_pages}
             _damage(inject, writer, w_store, tokens, extra_key, w_salt)
@@ -179,14 +191,21 @@ def _describe(spec: EngineSpec, extra_key, cache_salt) -> dict:
         "sglang_version": spec.sglang_version, "tp_size": spec.tp_size, "write_policy": spec.write_policy,
         "stop_policy": spec.stop_policy, "layout": spec.layout, "model_name": spec.model_name,
         "extra_key": extra_key, "cache_salt": cache_salt, "prefetch_threshold": spec.prefetch_threshold,
+        "side_pools": [p.name for p in spec.side_pools],
     }
 
 
 def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
     """Change the objects between write and read, for the faults that do."""
-    if inject not in ("missing-v", "corrupted-object"):
+    if inject not in ("missing-v", "corrupted-object", "missing-side-object"):
         return
     _, storage_keys = writer.keys_for(np.asarray(tokens), extra_key, cache_salt)
+    if inject == "missing-side-object":
+        l3 = writer.l3
+        pool = l3.pools[0]
+        keys = [o["key"] for rank in l3.side_presence(storage_keys, len(storage_keys)) for o in rank[pool.name][-1]]
+        store.remove_keys(keys, prefix=l3.schemes[0].prefix or storage_keys[-1], force=True)
+        return
     scheme = writer.l3.schemes[0]
     k_key, v_key = scheme.object_keys(storage_keys[1])[:2]
     if inject == "missing-v":

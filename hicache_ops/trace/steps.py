@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..engine.planes import side_layout
 from ..sglang import policy as pol
 from ..sglang.keys import hash_page, namespace_seed
 
@@ -104,6 +105,45 @@ def _host_bad(cache, host_pages, keys) -> list[int]:
     return [
         p for p, k in zip(host_pages, keys) if not all(plane.host_page_ok(r, p, k) for r in plane.ranks)
     ]
+
+
+def side_pool_cut(l3, keys: list[str], found) -> dict | None:
+    """When side pools end the loadable prefix before the KV prefix: which pool, which page, which
+    rule, and the prefix left (docs/side-pools.md#loadable-prefix). None when they do not."""
+    pools = getattr(l3, "pools", ())
+    if not pools or found.pages >= found.kv_pages:
+        return None
+    kv = found.kv_pages
+    presence = l3.side_presence(keys, kv)
+    blocking = []
+    for pool in pools:
+        trailing = pool.trailing_pages
+        # the pages whose objects the full KV prefix needs from this pool
+        needed = range(max(0, kv - trailing), kv) if trailing is not None else range(kv)
+        for rank, pages in enumerate(presence):
+            missing = [(i, o["key"]) for i in needed for o in pages[pool.name][i] if not o["present"]]
+            if missing:
+                if trailing is None:
+                    first = missing[0][0]
+                    missing = [m for m in missing if m[0] == first]
+                blocking.append({"pool": pool.name, "rank": rank, "hit_policy": pool.hit_policy,
+                                 "trailing_pages": trailing, "page": missing[0][0], "missing": [k for _, k in missing]})
+                break
+    rule = {
+        "trailing_pages": lambda b: f"trailing_pages: the last {b['trailing_pages']} page(s) before a stop point must hold its objects",
+        "all_pages": lambda b: "all_pages: every page of the prefix must hold its objects",
+    }
+    restorable = f"; restorable stop points {found.restorable}" if found.restorable is not None else ""
+    first = blocking[0] if blocking else None
+    summary = (
+        f"the KV prefix is {kv} of {len(keys)} pages, but side pool {first['pool']} lacks page {first['page']} "
+        f"({', '.join(first['missing'][:3])}); rule {rule[first['hit_policy']](first)}: SGLang's batch_exists_v2 "
+        f"loads {found.pages} page(s){restorable}"
+        if first
+        else f"the KV prefix is {kv} of {len(keys)} pages, but the side pools leave {found.pages} loadable{restorable}"
+    )
+    return {"summary": summary, "blocking": blocking, "loadable_pages": found.pages, "kv_pages": kv,
+            "restorable_prefix_pages": found.restorable, "pool_hit_pages": found.pool_hit_pages}
 
 
 def _spec_keys(tokens, page_size, version, extra_key, cache_salt) -> list[str]:
@@ -197,6 +237,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
                   invariant="a node is marked backed up only after its copy is acknowledged",
                   state="nodes: backed_up=True")
         elif event == "l3_write":
+            seen.setdefault("side", []).extend(o for o in data["outcome"].objects if "pool" in o)
             _write_l3_steps(t, cache, data, tokens, extra_key, cache_salt)
 
     try:
@@ -214,7 +255,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
         else:
             t.add("L3", FAIL, "no page reached L3", causes=["the host backup did not happen (see the write policy step)"])
             return t.steps
-    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])))
+    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])), seen.get("side", []))
     return t.steps
 
 
@@ -244,16 +285,30 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
         }
         for s in schemes
     }
-    t.add("object keys", PASS, f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} object(s) over "
+    pools = getattr(cache.l3, "pools", ())
+    side = [o for o in outcome.objects if "pool" in o]
+    if pools:
+        for (label, row), suffixes in zip(per_rank.items(), side_layout(schemes, pools)):
+            row["side_pools"] = suffixes
+        per_page: dict[int, list[str]] = {}
+        for o in side:
+            per_page.setdefault(first + o["page"], []).append(o["key"])
+        rules = ", ".join(f"{p.name} {p.hit_policy}" + (" (the node's last page only)" if p.name == "mamba" else "") for p in pools)
+        side_text = f" and {len(side)} side-pool object(s) ({rules})"
+    else:
+        per_page, side_text = {}, ""
+    t.add("object keys", PASS, f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} KV object(s){side_text} over "
           f"{len(schemes)} rank(s), prefix {schemes[0].prefix or '(none)'}",
-          invariant="{prefix}{page_key}{rank suffix}{_k|_v}, as SGLang's MooncakeStore names them", detail={"ranks": per_rank})
+          invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's MooncakeStore "
+          "names them", detail={"ranks": per_rank, **({"side_objects_by_page": per_page} if pools else {})})
     objects = outcome.objects
     if objects:
         existed = [o["key"] for o in objects if o["existed"]]
         t.add("batch_is_exist", PASS, f"{len(existed)} of {len(objects)} object(s) already existed and are skipped",
               invariant="only missing objects are put (put does not overwrite)", detail={"existing": existed})
         codes = [o for o in objects if o["code"] not in (None, 0)]
-        put = [{"key": o["key"], "ptr": hex(o["ptr"]), "size": o["size"], "code": o["code"]} for o in objects if o["code"] is not None]
+        put = [{"key": o["key"], "ptr": hex(o["ptr"]), "size": o["size"], "code": o["code"], **({"pool": o["pool"]} if "pool" in o else {})}
+               for o in objects if o["code"] is not None]
         if codes:
             t.fail("batch_put_from", f"{len(codes)} of {len(put)} put(s) failed",
                    [f"code {o['code']} for {o['key']}" for o in codes[:5]]
@@ -264,8 +319,11 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
               state="L3 holds the objects (in this client's segment)", detail={"objects": put})
 
 
-def _verify_on_master(t: Tracer, cache, nodes) -> None:
-    """Every expected object of the prompt's pages is on the master with the host copy's bytes."""
+def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
+    """Every expected object of the prompt's pages is on the master with the host copy's bytes
+    (side-pool objects: with their reference bytes)."""
+    from ..engine.reference import reference_side_object
+
     store = cache.l3.store
     expected, sources = [], []
     for scheme in cache.l3.schemes:
@@ -290,6 +348,17 @@ def _verify_on_master(t: Tracer, cache, nodes) -> None:
         want = ctypes.string_at(pools.host.data_ptr() + piece.offset, piece.size)
         if store.get(key) != want:
             differ.append(key)
+    side_keys = [o["key"] for o in side]
+    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else []):
+        if not present:
+            missing.append(o["key"])
+        elif store.get(o["key"]) != reference_side_object(o["page_key"], o["suffix"], o["size"]).tobytes():
+            differ.append(o["key"])
+    expected += side_keys
+    if missing:
+        t.fail("verify on master", f"{len(missing)} of {len(expected)} expected object(s) are not on the master",
+               ["the writing client closed or died (objects live in its segment)", "evicted under memory pressure",
+                "removed by someone"], detail={"missing": missing[:20]})
     if differ:
         t.fail("verify on master", f"{len(differ)} object(s) hold bytes other than the reference",
                ["an older object under the same key (put never overwrites)", "a writer with another host layout or dtype"],
@@ -301,6 +370,35 @@ def _verify_on_master(t: Tracer, cache, nodes) -> None:
 # --------------------------------------------------------------------------------------------
 # The read path
 # --------------------------------------------------------------------------------------------
+
+
+def _side_lookup_step(t: Tracer, cache, keys, found, info, detail, diagnose) -> None:
+    """The L3 lookup with side pools (batch_exists_v2): the KV prefix, then each pool's hit policy;
+    a side pool that shortens the prefix fails the step, naming the pool, page, rule and what is left."""
+    ps = cache.config.page_size
+    pools = cache.l3.pools
+    detail = {**detail, "loadable_pages": found.pages, "pool_hit_pages": found.pool_hit_pages,
+              "restorable_prefix_pages": found.restorable,
+              "pools": [p.to_json(list(dict.fromkeys(s for r in side_layout(cache.l3.schemes, pools) for s in r[p.name])))
+                        for p in pools]}
+    invariant = ("batch_exists_v2: the KV prefix whose objects ALL exist, then each side pool's hit policy "
+                 "(all_pages / trailing_pages), over every rank")
+    cut = side_pool_cut(cache.l3, keys, found)
+    if cut is not None:
+        detail.update(side_pool_cut=cut)
+        causes = [cut["summary"]] + [
+            f"{b['pool']} on rank {b['rank']}: {len(b['missing'])} object(s) missing from page {b['page']}" for b in cut["blocking"][1:]
+        ] + ["a side-pool object was evicted or removed on its own, or its write failed",
+             "a writer without this side pool (another model configuration) wrote the KV"]
+        t.fail("batch_exists_v2", cut["summary"] + (": below the threshold, the prefetch is revoked" if found.pages * ps < info.threshold else ""),
+               causes, detail=detail, invariant=invariant)
+    if found.kv_pages < len(keys):
+        causes = diagnose() if diagnose else []
+        t.fail("batch_exists_v2", f"the KV prefix stops after {found.kv_pages} of {len(keys)} pages (per rank {info.rank_hits})",
+               causes or ["an object of the next page is missing"], detail=detail, invariant=invariant)
+    t.add("batch_exists_v2", PASS, f"all {len(keys)} pages are loadable on every rank: KV and side pools "
+          f"{', '.join(f'{p.name} ({p.hit_policy})' for p in pools)} ({found.pool_hit_pages})",
+          invariant=invariant, detail=detail)
 
 
 def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, diagnose=None) -> list[Step]:
@@ -350,9 +448,13 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         elif event == "storage_query":
             info = data["info"]
             keys = data["storage_keys"]
-            hit = min(info.rank_hits) if info.rank_hits else 0
+            found = data["lookup"]
+            hit = found.kv_pages
             detail = {"rank_hits": info.rank_hits, "contiguous_pages": hit, "queried_pages": len(keys),
                       "first_query_keys": data["schemes"][0].object_keys(keys[0]) if keys else []}
+            if getattr(cache.l3, "pools", ()):
+                _side_lookup_step(t, cache, keys, found, info, detail, diagnose)
+                return
             if hit < len(keys):
                 causes = diagnose() if diagnose else []
                 if hit * ps < info.threshold:
@@ -372,6 +474,17 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                       "done_at_s": [round(x, 6) for x in outcome.done_at],
                       "size_mismatched_objects": len(outcome.size_mismatches),
                       "size_mismatches": outcome.size_mismatches[:5]}
+            if outcome.side_failures:
+                detail["side_failures"] = outcome.side_failures[:10]
+                first = outcome.side_failures[0]
+                if not first["why"].startswith("bytes"):
+                    t.fail("batch_get_into", f"side pool {first['pool']}: object {first['key']} of page {first['page']} "
+                           f"failed to read ({first['why']})",
+                           ["the object disappeared between batch_exists_v2 and the read", "a lease or RPC failure"],
+                           detail=detail)
+                t.fail("batch_get_into", f"side pool {first['pool']}: object {first['key']} of page {first['page']} "
+                       "holds bytes other than its reference", ["a corrupted or stale side object under the right key",
+                                                                  "a writer with another side-pool shape"], detail=detail)
             if failed:
                 # the live diff names a present object's segment that this host cannot reach (another host's)
                 located = diagnose() if diagnose else []
@@ -387,7 +500,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                                   "(fp8 vs bf16), head count or page size wrote under the same keys")
                 t.fail("batch_get_into", f"{len(corrupt)} page(s) arrived but their bytes differ from the reference "
                        f"(first: page {corrupt[0]})", causes, detail={**detail, "corrupt_pages": corrupt})
-            t.add("batch_get_into", PASS, f"read {len(hosts)} page(s), {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
+            side_read = f" and {outcome.side_objects} side-pool object(s)" if outcome.side_objects else ""
+            t.add("batch_get_into", PASS, f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
                   invariant="every object read > 0 bytes and each page equals its reference", state="L2 holds the pages",
                   detail=detail)
         elif event == "stop_policy":
