@@ -300,3 +300,28 @@ PlotOption = Annotated[
 QuietOption = Annotated[
     bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUTPUT)
 ]
+
+PoolOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pool",
+        help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
+        "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
+        "Adds its objects to each page (repeatable; docs/side-pools.md).",
+        metavar="NAME[:k=v,...]",
+        show_default=False,
+        rich_help_panel=DEPLOYMENT,
+    ),
+]
+PoolPresetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pool-preset",
+        help="The side pools of a real hybrid model: deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, "
+        "deepseek-v3.2, deepseek-v3.2-mtp. inspect keys sets --mla for an MLA preset; the embedded engine "
+        "needs a --preset geometry of the same attention kind (e.g. tiny-mla).",
+        metavar="PRESET",
+        show_default=False,
+        rich_help_panel=DEPLOYMENT,
+    ),
+]

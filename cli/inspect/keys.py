@@ -23,6 +23,8 @@ from ..options import (
     LineOption,
     MasterOption,
     MlaOption,
+    PoolOption,
+    PoolPresetOption,
     ModelNameOption,
     PageSizeOption,
     PpSizeOption,
@@ -171,29 +173,8 @@ def keys(
     mla: MlaOption = False,
     layout: LayoutOption = HostLayout.page_first,
     tp_lcm_size: TpLcmSizeOption = None,
-    pool: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pool",
-            help="A side pool, as SGLang's PoolName value, with options NAME[:k=v,...]: attention=mla|mha "
-            "(draft, draft_swa), conv=N and temporal=0|1 (mamba), window=PAGES (SWA-indexed pools). "
-            "Adds its objects to each page (repeatable; docs/side-pools.md).",
-            metavar="NAME[:k=v,...]",
-            show_default=False,
-            rich_help_panel=DEPLOYMENT,
-        ),
-    ] = None,
-    pool_preset: Annotated[
-        str | None,
-        typer.Option(
-            "--pool-preset",
-            help="The side pools of a real hybrid model (sets --mla where the model is MLA): "
-            "deepseek-v3-mtp, eagle3-mha-on-mla, gpt-oss, qwen3-next, deepseek-v3.2, deepseek-v3.2-mtp.",
-            metavar="PRESET",
-            show_default=False,
-            rich_help_panel=DEPLOYMENT,
-        ),
-    ] = None,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     show_all: AllOption = False,
     json_output: JsonOption = False,
 ) -> None:

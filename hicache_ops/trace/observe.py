@@ -11,12 +11,13 @@ computed, inserted, written or backed up). Running it twice gives the same steps
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import numpy as np
 
 from ..sglang import policy as pol
-from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short
+from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _side_lookup_step, _Stop
 
 
 def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None,
@@ -65,11 +66,19 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
               invariant="suffix >= max(prefetch_threshold, page_size)", detail=detail)
 
         suffix = storage_keys[pos:]
-        rank_hits = cache.l3.contiguous_hits(suffix)
-        hit = min(rank_hits) if rank_hits else 0
+        found = cache.l3.lookup(suffix)
+        rank_hits = found.rank_pages
+        hit = found.kv_pages
         detail = {"rank_hits": rank_hits, "contiguous_pages": hit, "queried_pages": len(suffix),
                   "first_query_keys": cache.l3.schemes[0].object_keys(suffix[0]) if suffix else []}
-        if hit < len(suffix):
+        if getattr(cache.l3, "pools", ()):
+            info = types.SimpleNamespace(rank_hits=rank_hits, threshold=threshold)
+            try:
+                _side_lookup_step(t, cache, suffix, found, info, detail, diagnose)
+            except _Stop:
+                return t.steps
+            hit = found.pages
+        elif hit < len(suffix):
             causes = diagnose() if diagnose else []
             if hit * ps < threshold:
                 t.add("batch_exists", FAIL, f"L3 holds {hit} contiguous page(s) of {len(suffix)} over all ranks "
@@ -79,8 +88,9 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
             t.add("batch_exists", FAIL, f"the prefix stops after {hit} of {len(suffix)} pages (per rank {rank_hits})",
                   detail=detail, causes=causes or ["an object of the next page is missing"])
             return t.steps
-        t.add("batch_exists", PASS, f"all {len(suffix)} pages are in L3 on every rank ({rank_hits})",
-              invariant="the contiguous prefix whose objects ALL exist, minimum over ranks", detail=detail)
+        else:
+            t.add("batch_exists", PASS, f"all {len(suffix)} pages are in L3 on every rank ({rank_hits})",
+                  invariant="the contiguous prefix whose objects ALL exist, minimum over ranks", detail=detail)
 
         scratch_pages = min(hit, cache.host.free)
         if scratch_pages == 0:

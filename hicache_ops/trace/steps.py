@@ -386,7 +386,7 @@ def _side_lookup_step(t: Tracer, cache, keys, found, info, detail, diagnose) -> 
     cut = side_pool_cut(cache.l3, keys, found)
     if cut is not None:
         detail.update(side_pool_cut=cut)
-        causes = [cut["summary"]] + [
+        causes = [
             f"{b['pool']} on rank {b['rank']}: {len(b['missing'])} object(s) missing from page {b['page']}" for b in cut["blocking"][1:]
         ] + ["a side-pool object was evicted or removed on its own, or its write failed",
              "a writer without this side pool (another model configuration) wrote the KV"]
