@@ -207,7 +207,8 @@ class Runtime:
             "extra_backend_tag": self.spec.extra_backend_tag,
             "key_prefix": self.spec.schemes()[0].prefix,
             "side_pools": [
-                pool.to_json(list(dict.fromkeys(s for scheme in self.spec.schemes() for s in self.spec.side_pool_suffixes(scheme)[pool.name])))
+                {**pool.to_json(list(dict.fromkeys(s for scheme in self.spec.schemes() for s in self.spec.side_pool_suffixes(scheme)[pool.name]))),
+                 "spec": pool.to_text()}
                 for pool in self.spec.side_pools
             ],
             "l3": self.l3.kind,

@@ -74,6 +74,15 @@ class PoolSpec:
             return None
         return 1 if self.name == "mamba" else self.window
 
+    def to_text(self) -> str:
+        """The `--pool` text that gives this spec back (parse_pool)."""
+        options = [f"attention={self.attention}"] if self.attention else []
+        if self.name == "mamba":
+            options += [f"conv={self.conv}", f"temporal={int(self.temporal)}"]
+        if self.hit_policy == TRAILING_PAGES and self.name != "mamba":
+            options.append(f"window={self.window}")
+        return self.name + (":" + ",".join(options) if options else "")
+
     def to_json(self, suffixes: list[str]) -> dict:
         return {
             "name": self.name,
