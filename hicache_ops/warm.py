@@ -117,7 +117,7 @@ def _plan(prompts: Sequence[Prompt], page_size: int, deployment: Deployment, ext
         ek = extra_key if extra_key is not None else prompt.extra_key
         cs = cache_salt if cache_salt is not None else prompt.cache_salt
         report = _required(expected_keys(prompt.input_ids, page_size, deployment, extra_key=ek, cache_salt=cs, pools=pools), pools)
-        outcome = PromptOutcome(i, prompt.source or f"prompt {i + 1}", len(prompt.input_ids), len(report.pages), len(report.object_keys))
+        outcome = PromptOutcome(i, prompt.source or f"prompt {i + 1}", len(prompt.input_ids), len(report.report.pages), len(report.object_keys))
         if not report.report.pages:
             outcome.status = NO_PAGE
             outcome.reason = f"{len(prompt.input_ids)} tokens are less than one page of {page_size}: it produces no page"
