@@ -17,7 +17,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..sglang import policy as pol
-from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _side_lookup_step, _Stop
+from .side_pools import side_lookup_step
+from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _Stop
 
 
 def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None,
@@ -74,7 +75,7 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
         if getattr(cache.l3, "pools", ()):
             info = types.SimpleNamespace(rank_hits=rank_hits, threshold=threshold)
             try:
-                _side_lookup_step(t, cache, suffix, found, info, detail, diagnose)
+                side_lookup_step(t, cache, suffix, found, info, detail, diagnose)
             except _Stop:
                 return t.steps
             hit = found.pages
