@@ -342,17 +342,16 @@ class MooncakeL3:
     def _read_side(self, storage_keys: list[str], host_pages: list[int], outcome: ReadOutcome) -> None:
         """Every rank reads each pool's objects of the pages its hit policy loads (all pages, or the
         last N before the stop point) into its side slots, verified against the reference bytes."""
-        wanted = []
+        wanted, got = [], []
         for scheme, suffixes in zip(self.schemes, self._side):
             side = self._pools(scheme).side
-            for pool in self.pools:
-                for page in read_pages(pool, len(storage_keys)):
-                    for suffix in suffixes[pool.name]:
-                        key = f"{scheme.prefix}{storage_keys[page]}{suffix}"
-                        wanted.append((side, pool, page, suffix, key, side.ptr(host_pages[page], pool.name, suffix)))
-        if not wanted:
-            return
-        got = self.store.batch_get_into([w[4] for w in wanted], [w[5] for w in wanted], [w[0].object_bytes for w in wanted])
+            mine = [
+                (side, pool, page, suffix, f"{scheme.prefix}{storage_keys[page]}{suffix}", side.ptr(host_pages[page], pool.name, suffix))
+                for pool in self.pools for page in read_pages(pool, len(storage_keys)) for suffix in suffixes[pool.name]
+            ]
+            if mine:  # one call per rank, as the KV: ranks of an MLA deployment read the same keys
+                got.extend(self.store.batch_get_into([w[4] for w in mine], [w[5] for w in mine], [side.object_bytes] * len(mine)))
+                wanted.extend(mine)
         for (side, pool, page, suffix, key, _), n in zip(wanted, got):
             if n <= 0:
                 outcome.ok[page] = False

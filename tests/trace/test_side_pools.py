@@ -23,10 +23,10 @@ READ_STEPS = ["local match", "prefetch decision", "batch_exists_v2", "batch_get_
               "load back", "device bytes"]
 
 
-def spec(version: str, pool_preset: str, geometry: str) -> EngineSpec:
+def spec(version: str, pool_preset: str, geometry: str, tp_size: int = 1) -> EngineSpec:
     geo = preset(geometry)
     return EngineSpec(geometry=geo, page_size=16, device_tokens=1024, prefetch_threshold=64, stop_policy="wait_complete",
-                      sglang_version=version, side_pools=side_pools_for(None, pool_preset, version, geo.mla, 16))
+                      sglang_version=version, tp_size=tp_size, side_pools=side_pools_for(None, pool_preset, version, geo.mla, 16))
 
 
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
@@ -43,13 +43,17 @@ def test_write_puts_one_mamba_state_per_node_and_verifies_it(version):
     assert "all 26 object(s) exist" in run.steps[-1].summary
 
 
-@pytest.mark.parametrize("version, pool_preset, geometry, side_objects", [
-    ("0.5.23", "qwen3-next", "tiny", 2),
-    ("0.5.14", "deepseek-v3.2", "tiny-mla", 12),
-    ("0.5.23", "deepseek-v3.2-mtp", "tiny-mla", 36),
+@pytest.mark.parametrize("version, pool_preset, geometry, tp_size, side_objects", [
+    ("0.5.23", "qwen3-next", "tiny", 1, 2),
+    ("0.5.14", "deepseek-v3.2", "tiny-mla", 1, 12),
+    ("0.5.23", "deepseek-v3.2-mtp", "tiny-mla", 1, 36),
+    # MLA, 2 ranks: tp rank 0 writes the indexer object; both ranks read it into their own slots.
+    ("0.5.23", "deepseek-v3.2", "tiny-mla", 2, 24),
+    # SWA (window 8 pages) per rank: all 12 pages written by each rank, the last 8 read by each.
+    ("0.5.23", "gpt-oss", "tiny", 2, 32),
 ])
-def test_read_loads_and_verifies_side_objects(version, pool_preset, geometry, side_objects):
-    run = run_embedded("read", TOKENS, spec(version, pool_preset, geometry))
+def test_read_loads_and_verifies_side_objects(version, pool_preset, geometry, tp_size, side_objects):
+    run = run_embedded("read", TOKENS, spec(version, pool_preset, geometry, tp_size))
     assert [s.name for s in run.steps] == READ_STEPS
     assert all(s.status == "PASS" for s in run.steps), [(s.name, s.summary) for s in run.steps]
     read = next(s for s in run.steps if s.name == "batch_get_into")
