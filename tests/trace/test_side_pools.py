@@ -12,9 +12,13 @@ import pytest
 from serve_process import Serve
 
 from hicache_ops.engine.builder import EngineSpec
+from hicache_ops.inspect.keys import expected_keys
+from hicache_ops.mooncake.store import StoreClient
+from hicache_ops.server.side_pools import side_pools_of_serve
 from hicache_ops.sglang.geometry import preset
 from hicache_ops.sglang.pools import side_pools_for
 from hicache_ops.trace.run import run_embedded
+from hicache_ops.warm import deployment_of_serve
 from cli_runner import hicache
 
 TOKENS = list(range(3000, 3200))  # 12 whole pages of 16 and 8 trailing tokens
@@ -133,5 +137,17 @@ def test_serve_warm_prefetch_and_trace_with_a_pool_preset(tmp_path):
         observed = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
         steps = [(s["name"], s["status"]) for s in map(json.loads, observed.stdout.splitlines())]
         assert ("batch_exists_v2", "PASS") in steps and ("batch_get_into", "PASS") in steps, steps
+        # The Mamba state of the prompt's one node (page 5) removed from the master: nothing is loadable.
+        first = json.loads(prompts.read_text().splitlines()[0])["input_ids"]
+        report = expected_keys(first, 16, deployment_of_serve(config), pools=side_pools_of_serve(config))
+        row = report.pages[5]
+        mamba = [k for k, pool in zip(row.object_keys, row.object_pools) if pool == "mamba"]
+        with StoreClient.connect(config["master_rpc_address"], segment_size=0) as store:
+            assert store.remove_keys(mamba, prefix=report.key_prefix + row.page_key, force=True) == [0, 0]
+        observed = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
+        assert observed.exit_code == 1
+        last = json.loads(observed.stdout.splitlines()[-1])
+        assert (last["name"], last["status"]) == ("batch_exists_v2", "FAIL")
+        assert "side pool mamba lacks page 5" in last["summary"] and "loads 0 page(s)" in last["summary"]
     finally:
         serve.stop()
