@@ -295,8 +295,9 @@ PoolPresetOption = Annotated[
     str | None,
     typer.Option(
         "--pool-preset",
-        help="The side pools of a real hybrid model, with its shapes (sets --mla where the model is MLA): "
-        f"{', '.join(POOL_PRESETS)}.",
+        help=f"The side pools of a real hybrid model, with its shapes: {', '.join(POOL_PRESETS)}. inspect keys "
+        "sets --mla for an MLA preset; the embedded engine needs a --preset geometry of the same attention "
+        "kind (e.g. tiny-mla).",
         metavar="PRESET",
         show_default=False,
         rich_help_panel=DEPLOYMENT,

@@ -8,7 +8,17 @@ import typer
 from rich.table import Table
 
 from .help import examples
-from .options import AllOption, CacheSaltOption, ExtraKeyOption, JsonOption, ServeOption, TimeoutOption, TokenizerOption
+from .options import (
+    AllOption,
+    CacheSaltOption,
+    ExtraKeyOption,
+    JsonOption,
+    PoolOption,
+    PoolPresetOption,
+    ServeOption,
+    TimeoutOption,
+    TokenizerOption,
+)
 from .output import emit, first_rows, print_left_out, reporting, stderr, stdout
 from .sglang_url import SglangCompareUrlOption, warn_serve_disagreements
 
@@ -73,6 +83,8 @@ def prefetch(
     cache_salt: CacheSaltOption = None,
     serve: ServeOption = "http://127.0.0.1:18080",
     sglang_url: SglangCompareUrlOption = None,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     timeout: TimeoutOption = 3.0,
     show_all: AllOption = False,
     json_output: JsonOption = False,
@@ -90,7 +102,8 @@ def prefetch(
 
             server = read_server(sglang_url, timeout=timeout)
         with interrupt.stop_on_signals(), ServeClient.open(serve, timeout_s=timeout) as client:
-            report = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt)
+            report = prefetch_prompts(items, client, extra_key=extra_key, cache_salt=cache_salt,
+                                      pool_texts=pool or (), pool_preset=pool_preset)
         rows = report.rows
         data = {"serve": serve, "stop_policy": report.config["stop_policy"], "interrupted": report.interrupted,
                 "prompts": [r.to_json() for r in rows]}

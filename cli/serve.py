@@ -34,6 +34,8 @@ from .options import (
     LayoutOption,
     ModelNameOption,
     PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
     PrefetchThresholdOption,
     PresetOption,
     SglangVersionOption,
@@ -146,6 +148,8 @@ def serve(
     tp_size: TpSizeOption = 1,
     dcp_size: DcpSizeOption = 1,
     sglang_version: SglangVersionOption = None,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     log_dir: Annotated[
         str | None,
         typer.Option("--log-dir", help="Folder for the master's and the client's logs (kept).", metavar="DIR", show_default=False,
@@ -171,6 +175,9 @@ def serve(
             raise InputError("--keep-logs applies without --log-dir; a --log-dir is always kept.")
         if inject_l3_latency_ms < 0:
             raise InputError(f"--inject-l3-latency-ms {inject_l3_latency_ms} must be >= 0.")
+        from hicache_ops.sglang.pools import side_pools_for
+
+        version = validate_version(value_of(sglang_version) or default_version())
         spec = EngineSpec(
             geometry=geometry,
             page_size=page_size,
@@ -183,12 +190,13 @@ def serve(
             stop_policy=hicache_storage_prefetch_policy.value,
             prefetch_threshold=prefetch_threshold,
             host_memory_mode=hicache_host_memory_mode,
-            sglang_version=validate_version(value_of(sglang_version) or default_version()),
+            sglang_version=version,
             model_name=model_name,
             extra_backend_tag=extra_backend_tag,
             tp_size=tp_size,
             dcp_size=dcp_size,
             torch_device=check_device(device.value, tp_size),
+            side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
         target = L3Target.parse(l3)

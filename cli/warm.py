@@ -23,6 +23,8 @@ from .options import (
     MlaOption,
     ModelNameOption,
     PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
     PrefetchThresholdOption,
     ServeOption,
     SglangVersionOption,
@@ -116,6 +118,8 @@ def warm(
     tp_size: TpSizeOption = 1,
     mla: MlaOption = False,
     prefetch_threshold: PrefetchThresholdOption = 256,
+    pool: PoolOption = None,
+    pool_preset: PoolPresetOption = None,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Prompts in flight at once.", metavar="N")] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written; write nothing.")] = False,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Allow synthetic KV into an existing Mooncake cluster.")] = False,
@@ -169,7 +173,7 @@ def warm(
             if sglang_url is not None:
                 report = _warm_sglang(items, sglang_url, master, model_name, extra_backend_tag, value_of(sglang_version),
                                       page_size, tp_size, mla, extra_key, cache_salt, prefetch_threshold, concurrency,
-                                      dry_run, timeout, advance)
+                                      dry_run, timeout, advance, pool, pool_preset)
             else:
                 from hicache_ops.server.client import ServeClient
                 from hicache_ops.warm import warm_serve
@@ -178,7 +182,7 @@ def warm(
                           "sglang_version": value_of(sglang_version)}
                 with ServeClient.open(serve, timeout_s=timeout) as client:
                     report = warm_serve(items, client, extra_key=extra_key, cache_salt=cache_salt, expect=expect,
-                                        concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
+                                        pool_texts=pool or (), pool_preset=pool_preset, concurrency=concurrency, dry_run=dry_run, synthetic=synthetic, on_progress=advance)
         data = report.to_json()
         emit(data, json_output, lambda d: _render(d, show_all))
         if report.interrupted:
@@ -189,7 +193,8 @@ def warm(
             raise typer.Exit(1)
 
 
-def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency, dry_run, timeout, advance):
+def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_size, mla, extra_key, cache_salt, threshold, concurrency,
+                 dry_run, timeout, advance, pool_texts=None, pool_preset=None):
     from hicache_ops.inspect.keys import Deployment
     from hicache_ops.sglang.versions import default_version, validate_version
     from hicache_ops.warm import warm_sglang
@@ -200,10 +205,15 @@ def _warm_sglang(items, url, master, model_name, tag, version, page_size, tp_siz
         raise InputError(f"--page-size {page_size} must be >= 1.")
     if tp_size < 1:
         raise InputError(f"--tp-size {tp_size} must be >= 1.")
-    deployment = Deployment(version=validate_version(version or default_version()), model_name=model_name,
-                            extra_backend_tag=tag, tp_size=tp_size, mla=mla)
+    from hicache_ops.sglang.pools import PRESETS, side_pools_for
+
+    version = validate_version(version or default_version())
+    if pool_preset is not None and pool_preset in PRESETS:
+        mla = mla or PRESETS[pool_preset].mla  # as inspect keys: an MLA preset describes an MLA server
+    pools = side_pools_for(pool_texts, pool_preset, version, mla, page_size)  # expected_keys checks each pool
+    deployment = Deployment(version=version, model_name=model_name, extra_backend_tag=tag, tp_size=tp_size, mla=mla)
     return warm_sglang(items, url, master, deployment, page_size, extra_key=extra_key, cache_salt=cache_salt,
-                       prefetch_threshold=threshold, concurrency=concurrency, dry_run=dry_run, timeout_s=timeout,
+                       prefetch_threshold=threshold, pools=pools, concurrency=concurrency, dry_run=dry_run, timeout_s=timeout,
                        on_progress=advance)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import interrupt
+from .server.side_pools import check_side_pools
 from .sglang import policy as pol
 from .tokens import Prompt
 
@@ -49,9 +50,13 @@ def prefetch_prompts(
     extra_key: str | None = None,
     cache_salt: str | None = None,
     on_progress: Callable[[PrefetchRow], None] | None = None,
+    pool_texts: Sequence[str] = (),
+    pool_preset: str | None = None,
 ) -> PrefetchReport:
-    """Prefetch each prompt on the serve instance, one row per prompt done."""
+    """Prefetch each prompt on the serve instance, one row per prompt done. `pool_texts` /
+    `pool_preset` must name the serve's side pools (it reads them with the KV)."""
     config = client.stats()["config"]
+    check_side_pools(config, pool_texts, pool_preset)
     admission = config["admission_s"]
     report = PrefetchReport(config, [])
     rows = report.rows

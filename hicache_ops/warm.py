@@ -25,7 +25,10 @@ from dataclasses import dataclass, field, replace
 
 from . import interrupt
 from .errors import HicacheError, InputError, UnreachableError
-from .inspect.keys import Deployment, expected_keys
+from .inspect.keys import Deployment, KeyReport, expected_keys
+from .sglang.hit_policy import read_pages
+from .server.side_pools import check_side_pools, side_pools_of_serve
+from .sglang.pools import PoolSpec
 from .tokens import Prompt
 
 WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING = "written", "present", "no_page", "not_landed", "failed", "pending"
@@ -82,6 +85,24 @@ class WarmReport:
 Progress = Callable[[PromptOutcome], None]
 
 
+@dataclass
+class _Expected:
+    """The objects a prompt needs in L3 to be loadable whole: every page's KV objects and, per side
+    pool, the pages a load of the whole prompt reads (hit_policy.read_pages)."""
+
+    report: KeyReport
+    object_keys: list[str]
+
+
+def _required(report: KeyReport, pools: Sequence[PoolSpec]) -> _Expected:
+    keys, n = [], len(report.pages)
+    needed = {pool.name: set(read_pages(pool, n)) for pool in pools}
+    for row in report.pages:
+        keys.extend(k for k, pool in zip(row.object_keys, row.object_pools or ["kv"] * len(row.object_keys))
+                    if pool == "kv" or row.index in needed[pool])
+    return _Expected(report, keys)
+
+
 def deployment_of_serve(config: dict) -> Deployment:
     """The key scheme a serve instance writes with (from its /v1/stats config)."""
     return Deployment(
@@ -92,14 +113,14 @@ def deployment_of_serve(config: dict) -> Deployment:
     )
 
 
-def _plan(prompts: Sequence[Prompt], page_size: int, deployment: Deployment, extra_key, cache_salt):
+def _plan(prompts: Sequence[Prompt], page_size: int, deployment: Deployment, extra_key, cache_salt, pools=()):
     plans = []
     for i, prompt in enumerate(prompts):
         ek = extra_key if extra_key is not None else prompt.extra_key
         cs = cache_salt if cache_salt is not None else prompt.cache_salt
-        report = expected_keys(prompt.input_ids, page_size, deployment, extra_key=ek, cache_salt=cs)
-        outcome = PromptOutcome(i, prompt.source or f"prompt {i + 1}", len(prompt.input_ids), len(report.pages), len(report.object_keys))
-        if not report.pages:
+        report = _required(expected_keys(prompt.input_ids, page_size, deployment, extra_key=ek, cache_salt=cs, pools=pools), pools)
+        outcome = PromptOutcome(i, prompt.source or f"prompt {i + 1}", len(prompt.input_ids), len(report.report.pages), len(report.object_keys))
+        if not report.report.pages:
             outcome.status = NO_PAGE
             outcome.reason = f"{len(prompt.input_ids)} tokens are less than one page of {page_size}: it produces no page"
         plans.append((prompt, ek, cs, report, outcome))
@@ -137,6 +158,8 @@ def warm_serve(
     extra_key: str | None = None,
     cache_salt: str | None = None,
     expect: dict | None = None,
+    pool_texts: Sequence[str] = (),
+    pool_preset: str | None = None,
     concurrency: int = 4,
     dry_run: bool = False,
     synthetic: bool = False,
@@ -162,9 +185,12 @@ def warm_serve(
             "requests would then reuse.",
             hint="Pass --synthetic if that cluster is a test cluster, or warm through a real SGLang server with --sglang-url.",
         )
+    check_side_pools(config, pool_texts, pool_preset)
     deployment = deployment_of_serve(config)
-    report = WarmReport(client.url, {**deployment.__dict__, "master": config["master_metrics_address"]}, dry_run)
-    plans = _plan(prompts, config["page_size"], deployment, extra_key, cache_salt)
+    side = side_pools_of_serve(config)
+    report = WarmReport(client.url, {**deployment.__dict__, "master": config["master_metrics_address"],
+                                     **({"side_pools": [p.to_text() for p in side]} if side else {})}, dry_run)
+    plans = _plan(prompts, config["page_size"], deployment, extra_key, cache_salt, side)
     report.prompts = [p[4] for p in plans]
     with AdminClient(config["master_metrics_address"], timeout=client.timeout_s) as admin:
         _mark_present(plans, admin)
@@ -276,6 +302,7 @@ def warm_sglang(
     extra_key: str | None = None,
     cache_salt: str | None = None,
     prefetch_threshold: int = 256,
+    pools: Sequence[PoolSpec] = (),
     concurrency: int = 4,
     dry_run: bool = False,
     settle_s: float = 5.0,
@@ -295,8 +322,9 @@ def warm_sglang(
 
     sglang_url = check_http_url(sglang_url, "--sglang-url")
     timeout_s = check_timeout(timeout_s)
-    report = WarmReport(sglang_url, {**deployment.__dict__, "master": master}, dry_run)
-    plans = _plan(prompts, page_size, deployment, extra_key, cache_salt)
+    report = WarmReport(sglang_url, {**deployment.__dict__, "master": master,
+                                     **({"side_pools": [p.to_text() for p in pools]} if pools else {})}, dry_run)
+    plans = _plan(prompts, page_size, deployment, extra_key, cache_salt, pools)
     report.prompts = [p[4] for p in plans]
     timeout = httpx.Timeout(max(work_timeout_s, timeout_s), connect=timeout_s)
     with AdminClient(master, timeout=timeout_s) as admin, httpx.Client(base_url=sglang_url, timeout=timeout) as http:
@@ -357,7 +385,7 @@ def warm_sglang(
 def _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs, prefetch_threshold) -> str:
     from .inspect.live_diff import live_diff
 
-    diff = live_diff(prompt.input_ids, page_size, deployment, admin, extra_key=ek, cache_salt=cs, report=keys)
+    diff = live_diff(prompt.input_ids, page_size, deployment, admin, extra_key=ek, cache_salt=cs, report=keys.report)
     reasons = [d["message"] for d in diff.diagnosis if d["kind"] != "not_found"]
     if not reasons:
         reasons.append(

@@ -24,6 +24,8 @@ from ..options import (
     LineOption,
     MasterOption,
     MlaOption,
+    PoolOption,
+    PoolPresetOption,
     ModelNameOption,
     PageSizeOption,
     PoolOption,

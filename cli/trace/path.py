@@ -25,6 +25,8 @@ from ..options import (
     ModelNameOption,
     OptionalServeOption,
     PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
     PrefetchThresholdOption,
     PresetOption,
     SglangVersionOption,
@@ -51,7 +53,7 @@ InjectOption = Annotated[
         "--inject",
         help="Reproduce a known failure (embedded only): missing-v, tp-rank-mismatch, salt-mismatch, "
         "version-mismatch, below-threshold, write-back-no-eviction, prefetch-timeout, corrupted-object, "
-        "missing-dcp-shard, dcp-mismatch.",
+        "missing-dcp-shard, dcp-mismatch, missing-side-object (with --pool/--pool-preset).",
         metavar="FAULT",
         show_default=False,
     ),
@@ -175,16 +177,20 @@ def _trace(kind: str, prompt_args: dict, engine_args: dict, extra_key, cache_sal
 
 
 def _spec(preset, page_size, device_tokens, tp_size, sglang_version, model_name, extra_backend_tag, write_policy, stop_policy,
-          prefetch_threshold, layout, dcp_size):
+          prefetch_threshold, layout, dcp_size=1, pool=None, pool_preset=None):
     from hicache_ops.engine.builder import EngineSpec
     from hicache_ops.sglang.geometry import preset as load_preset
+    from hicache_ops.sglang.pools import side_pools_for
     from hicache_ops.sglang.versions import default_version, validate_version
 
+    geometry = load_preset(preset)
+    version = validate_version(sglang_version or default_version())
     spec = EngineSpec(
-        geometry=load_preset(preset), page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
-        sglang_version=validate_version(sglang_version or default_version()), model_name=model_name,
+        geometry=geometry, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
+        sglang_version=version, model_name=model_name,
         extra_backend_tag=extra_backend_tag, write_policy=write_policy, stop_policy=stop_policy,
         prefetch_threshold=prefetch_threshold, layout=layout, dcp_size=dcp_size,
+        side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
     )
     spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
     return spec
@@ -219,13 +225,16 @@ def _command(kind: str):
         stop_policy: StopPolicyOption = StopPolicy.timeout,
         prefetch_threshold: PrefetchThresholdOption = 256,
         layout: LayoutOption = HostLayout.page_first,
+        pool: PoolOption = None,
+        pool_preset: PoolPresetOption = None,
         timeout: TimeoutOption = 3.0,
         json_output: JsonOption = False,
     ) -> None:
         engine_flags = {"page_size": "--page-size", "preset": "--preset", "device_tokens": "--device-tokens", "tp_size": "--tp-size",
                         "dcp_size": "--dcp-size", "sglang_version": "--sglang-version", "model_name": "--model-name", "extra_backend_tag": "--extra-backend-tag",
                         "write_policy": "--hicache-write-policy", "stop_policy": "--hicache-storage-prefetch-policy",
-                        "prefetch_threshold": "--prefetch-threshold", "layout": "--hicache-mem-layout"}
+                        "prefetch_threshold": "--prefetch-threshold", "layout": "--hicache-mem-layout",
+                        "pool": "--pool", "pool_preset": "--pool-preset"}
         given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
         _trace(
             kind,
@@ -233,7 +242,7 @@ def _command(kind: str):
             dict(preset=preset, page_size=page_size, device_tokens=device_tokens, tp_size=tp_size,
                  sglang_version=value_of(sglang_version), model_name=model_name, extra_backend_tag=extra_backend_tag,
                  write_policy=write_policy.value, stop_policy=stop_policy.value, prefetch_threshold=prefetch_threshold,
-                 layout=layout.value, dcp_size=dcp_size),
+                 layout=layout.value, dcp_size=dcp_size, pool=pool, pool_preset=pool_preset),
             extra_key, cache_salt, inject, serve, flush, step, json_output, timeout, given, allow_writes,
         )
 

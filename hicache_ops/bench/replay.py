@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from .. import interrupt
 from ..errors import InputError
+from ..sglang.hit_policy import kv_only
 from ..sglang.versions import NEWEST, validate_version
 from . import replay_baseline
 from .replay_trace import Trace, TokenSource
@@ -196,7 +197,7 @@ class MooncakeEvictingL3:
     The clock is the trace's (`advance(now_ms)` before each request) and the eviction pass runs
     there, between requests (Mooncake's thread wakes every few ms, far more often than requests
     arrive). A page's objects (every rank's, K and V) share one fate, so the count is in pages.
-    The engine's `L3Tier` interface: contiguous_hits, write, read.
+    The engine's `L3Tier` interface: lookup (no side pools), contiguous_hits, write, read.
     """
 
     def __init__(self, schemes, bytes_per_page: int, capacity_pages: int):
@@ -249,6 +250,9 @@ class MooncakeEvictingL3:
             return False
         leased[key] = self.now_ms + MOONCAKE_LEASE_TTL_MS
         return True
+
+    def lookup(self, storage_keys: list[str]):
+        return kv_only(self.contiguous_hits(storage_keys))
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
         count = 0

@@ -12,11 +12,13 @@ from ..errors import InputError
 from ..sglang.keys import Deployment, ObjectKeyScheme, check_dcp
 from ..sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
 from ..sglang.host_pool import HostPoolLayout
+from ..sglang.pools import PoolSpec, check_pool, pool_suffixes
 from ..sglang.rewrites import resolve_layout
 from ..sglang.versions import NEWEST
 from ..sglang import policy as pol
 from .cache import CacheConfig, TieredCache
 from .planes import AccountingPlane, MemoryL3
+from .reference import side_object_bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class EngineSpec:
     # 0.5.23 decode context parallel (MLA only; docs/keys.md#dcp). `page_size` and `device_tokens`
     # stay logical (the tree's and the page keys' widened page); each rank holds 1/dcp_size of them.
     dcp_size: int = 1
+    # Side pools written and checked with the KV (docs/side-pools.md#side-objects-in-the-engine).
+    side_pools: tuple[PoolSpec, ...] = ()
 
     @property
     def rank_page_size(self) -> int:
@@ -100,7 +104,24 @@ class EngineSpec:
             for r in range(self.tp_size)
         ]
 
+    def side_pool_suffixes(self, scheme: ObjectKeyScheme) -> dict[str, list[str]]:
+        """Each side pool's object suffixes for one rank, in the order of `side_pools`."""
+        return {pool.name: pool_suffixes(pool, scheme) for pool in self.side_pools}
+
+    def check_side_pools(self) -> None:
+        """InputError when a side pool does not exist in this SGLang version or cannot be keyed here."""
+        names = [pool.name for pool in self.side_pools]
+        if len(set(names)) < len(names):
+            raise InputError(f"a pool is given twice: {', '.join(names)}; SGLang registers each pool once.")
+        if self.side_pools and self.dcp_size > 1:
+            raise InputError("side pools under DCP are not modelled by the engine: give --pool/--pool-preset or --dcp-size, not both.")
+        for pool in self.side_pools:
+            check_pool(pool, self.sglang_version, self.geometry.mla)
+        for scheme in self.schemes() if self.side_pools else ():
+            self.side_pool_suffixes(scheme)
+
     def cache_config(self, host: HostPoolLayout) -> CacheConfig:
+        self.check_side_pools()
         unmodelled = pol.unmodelled_host_mode(self.host_memory_mode, self.sglang_version)
         if unmodelled:
             raise InputError(unmodelled)
@@ -142,7 +163,9 @@ def build_accounting(spec: EngineSpec, l3: bool = True, shared_l3: MemoryL3 | No
     host = spec.host_layout(mooncake=l3)
     config = spec.cache_config(host)
     per_page = host.bytes_per_page * spec.tp_size
-    memory_l3 = shared_l3 if shared_l3 is not None else (MemoryL3(spec.schemes(), per_page) if l3 else None)
+    memory_l3 = shared_l3
+    if memory_l3 is None and l3:
+        memory_l3 = MemoryL3(spec.schemes(), per_page, pools=spec.side_pools, side_object_bytes=side_object_bytes(spec.geometry))
     return TieredCache(config, AccountingPlane(per_page), memory_l3)
 
 
@@ -175,7 +198,7 @@ def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
 
     Every rank's host pool is registered with the store so puts and gets are zero-copy.
     """
-    from .bytes import BytesPlane, MooncakeL3, allocate_rank
+    from .bytes import BytesPlane, MooncakeL3, allocate_rank, allocate_side
 
     check_memory(spec)
     host = spec.host_layout(mooncake=store is not None)
@@ -188,10 +211,16 @@ def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
                       devices[r])
         for r in range(spec.tp_size)
     ]
+    if spec.side_pools:
+        for pools, scheme in zip(ranks, spec.schemes()):
+            pools.side = allocate_side(host.page_num, spec.side_pool_suffixes(scheme), side_object_bytes(spec.geometry))
     plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size, dcp_size=spec.dcp_size)
     l3 = None
     if store is not None:
         for pools in ranks:
             store.register_buffer(pools.host.data_ptr(), pools.host.numel() * pools.host.element_size())
-        l3 = MooncakeL3(store, spec.schemes(), plane)
+        for pools in ranks:
+            if pools.side is not None:
+                store.register_buffer(pools.side.buffer.data_ptr(), pools.side.buffer.numel())
+        l3 = MooncakeL3(store, spec.schemes(), plane, pools=spec.side_pools)
     return TieredCache(config, plane, l3)

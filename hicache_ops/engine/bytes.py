@@ -23,10 +23,44 @@ from ..sglang.host_pool import DevicePoolLayout, HostPoolLayout
 from ..sglang.geometry import ModelGeometry
 from .planes import ReadOutcome, WriteOutcome
 from ..sglang.policy import STORAGE_BATCH_PAGES
-from .reference import reference_page
+from .reference import reference_page, reference_side_object
+from ..sglang.hit_policy import LoadablePrefix, kv_only, loadable_prefix, read_pages
+from ..sglang.pools import PoolSpec
+from .planes import side_layout, side_object_keys
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NP_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+@dataclass
+class SideHost:
+    """One rank's host memory for side-pool objects, registered with the store: one slot per host
+    page holding each pool's objects back to back (docs/side-pools.md#side-objects-in-the-engine)."""
+
+    buffer: torch.Tensor  # (host pages, slot bytes) uint8
+    offsets: dict[str, dict[str, int]]  # pool -> suffix -> offset in the slot
+    object_bytes: int
+
+    def ptr(self, host_page: int, pool: str, suffix: str) -> int:
+        return self.buffer.data_ptr() + host_page * self.buffer.shape[1] + self.offsets[pool][suffix]
+
+    def fill(self, host_page: int, pool: str, suffix: str, data: np.ndarray) -> None:
+        at = self.offsets[pool][suffix]
+        self.buffer[host_page, at : at + self.object_bytes] = torch.from_numpy(data)
+
+    def holds(self, host_page: int, pool: str, suffix: str, data: np.ndarray) -> bool:
+        at = self.offsets[pool][suffix]
+        return bool(np.array_equal(self.buffer[host_page, at : at + self.object_bytes].numpy(), data))
+
+
+def allocate_side(host_pages: int, suffixes: dict[str, list[str]], object_bytes: int) -> SideHost:
+    offsets, at = {}, 0
+    for pool, names in suffixes.items():
+        offsets[pool] = {}
+        for suffix in names:
+            offsets[pool][suffix] = at
+            at += object_bytes
+    return SideHost(torch.zeros((host_pages, at), dtype=torch.uint8), offsets, object_bytes)
 
 
 @dataclass
@@ -36,6 +70,7 @@ class RankPools:
     device_v: torch.Tensor | None  # MHA only
     host: torch.Tensor  # SGLang's host buffer for the layout
     host_layout: HostPoolLayout
+    side: SideHost | None = None  # with side pools (EngineSpec.side_pools)
 
     @property
     def device(self) -> tuple[torch.Tensor, ...] | torch.Tensor:
@@ -159,11 +194,13 @@ class MooncakeL3:
     buffers (hicache_ops.mooncake.store); each rank's host pool must be registered with it.
     """
 
-    def __init__(self, store, schemes: list[ObjectKeyScheme], plane: BytesPlane):
+    def __init__(self, store, schemes: list[ObjectKeyScheme], plane: BytesPlane, pools: tuple[PoolSpec, ...] = ()):
         self.store = store
         self.schemes = schemes
         self.plane = plane
         self._writing = [s for s in schemes if s.writes]
+        self.pools = tuple(pools)
+        self._side = side_layout(schemes, self.pools)
         # Simulated extra seconds per page read (fault injection for the stop policies; the
         # bytes still move at full speed, only the completion times the policy sees shift).
         self.extra_latency_s = 0.0
@@ -176,6 +213,37 @@ class MooncakeL3:
         base = pools.host.data_ptr()
         offsets, sizes = pools.host_layout.flat_meta(host_pages)
         return scheme.all_object_keys(storage_keys), [base + o for o in offsets], sizes
+
+    def lookup(self, storage_keys: list[str]) -> LoadablePrefix:
+        hits = self.contiguous_hits(storage_keys)
+        if not self.pools:
+            return kv_only(hits)
+        presence = self.side_presence(storage_keys, max(hits, default=0))
+
+        def rank_exists(rank: int, kv_pages: int):
+            def exists(pool, pages: int) -> list[bool]:
+                if pool is None:
+                    return [i < kv_pages for i in range(pages)]
+                objects = presence[rank][pool.name]
+                return [all(o["present"] for o in objects[i]) for i in range(pages)]
+
+            return exists
+
+        ranks = [rank_exists(r, kv) for r, kv in enumerate(hits)]
+        return loadable_prefix(self.schemes[0].version, self.pools, ranks, len(storage_keys))
+
+    def side_presence(self, storage_keys: list[str], pages: int) -> list[dict[str, list[list[dict]]]]:
+        """Per rank, pool and page (the first `pages`), each side object with whether the master holds it."""
+        wanted = [
+            (r, pool.name, i, f"{scheme.prefix}{storage_keys[i]}{suffix}")
+            for r, (scheme, side) in enumerate(zip(self.schemes, self._side))
+            for pool in self.pools for i in range(pages) for suffix in side[pool.name]
+        ]
+        flags = self.store.batch_is_exist([w[3] for w in wanted]) if wanted else []
+        out = [{pool.name: [[] for _ in range(pages)] for pool in self.pools} for _ in self.schemes]
+        for (r, pool, i, key), present in zip(wanted, flags):
+            out[r][pool][i].append({"key": key, "present": bool(present)})
+        return out
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
         hits = []
@@ -218,7 +286,36 @@ class MooncakeL3:
                 {"key": keys[i], "rank": scheme.tp_rank, "existed": exists[i], "ptr": ptrs[i], "size": sizes[i], "code": codes[i]}
                 for i in range(len(keys))
             )
+        if self.pools:
+            self._write_side(storage_keys, host_pages, outcome)
         return ok, outcome
+
+    def _write_side(self, storage_keys: list[str], host_pages: list[int], outcome: WriteOutcome) -> None:
+        """Each side object the node's backup writes (hit_policy.written_pages), from its host slot.
+        The engine's host copy of a side state is its reference bytes, written into the slot here."""
+        objects = side_object_keys(self.schemes, self._side, self.pools, storage_keys)
+        if not objects:
+            return
+        for o in objects:
+            side = self.plane.ranks[o["rank"]].side
+            side.fill(host_pages[o["page"]], o["pool"], o["suffix"],
+                      reference_side_object(storage_keys[o["page"]], o["suffix"], side.object_bytes))
+            o["ptr"] = side.ptr(host_pages[o["page"]], o["pool"], o["suffix"])
+            o["size"] = side.object_bytes
+        exists = self.store.batch_is_exist([o["key"] for o in objects])
+        todo = [o for o, e in zip(objects, exists) if not e]
+        outcome.skipped += len(objects) - len(todo)
+        codes = self.store.batch_put_from([o["key"] for o in todo], [o["ptr"] for o in todo], [o["size"] for o in todo]) if todo else []
+        for o, code in zip(todo, codes):
+            o["code"] = code
+            if code == 0:
+                outcome.written += 1
+                outcome.side_written += 1
+                outcome.nbytes += o["size"]
+            else:
+                outcome.failed.append(o["key"])
+        for o, e in zip(objects, exists):
+            outcome.objects.append({**o, "existed": bool(e), "code": o.get("code")})
 
     def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
         n = len(storage_keys)
@@ -248,4 +345,31 @@ class MooncakeL3:
                 outcome.verified[page] = all(
                     self.plane.host_page_ok(self._pools(s), host_pages[page], key) for s in self.schemes
                 )
+        if self.pools:
+            self._read_side(storage_keys, host_pages, outcome)
         return outcome
+
+    def _read_side(self, storage_keys: list[str], host_pages: list[int], outcome: ReadOutcome) -> None:
+        """Every rank reads each pool's objects of the pages its hit policy loads (all pages, or the
+        last N before the stop point) into its side slots, verified against the reference bytes."""
+        wanted, got = [], []
+        for scheme, suffixes in zip(self.schemes, self._side):
+            side = self._pools(scheme).side
+            mine = [
+                (side, pool, page, suffix, f"{scheme.prefix}{storage_keys[page]}{suffix}", side.ptr(host_pages[page], pool.name, suffix))
+                for pool in self.pools for page in read_pages(pool, len(storage_keys)) for suffix in suffixes[pool.name]
+            ]
+            if mine:  # one call per rank, as the KV: ranks of an MLA deployment read the same keys
+                got.extend(self.store.batch_get_into([w[4] for w in mine], [w[5] for w in mine], [side.object_bytes] * len(mine)))
+                wanted.extend(mine)
+        for (side, pool, page, suffix, key, _), n in zip(wanted, got):
+            if n <= 0:
+                outcome.ok[page] = False
+                outcome.side_failures.append({"key": key, "pool": pool.name, "page": page, "why": f"read {n} bytes"})
+                continue
+            outcome.nbytes += n
+            outcome.side_objects += 1
+            ref = reference_side_object(storage_keys[page], suffix, side.object_bytes)
+            if n != side.object_bytes or not side.holds(host_pages[page], pool.name, suffix, ref):
+                outcome.verified[page] = False
+                outcome.side_failures.append({"key": key, "pool": pool.name, "page": page, "why": "bytes differ from the reference"})

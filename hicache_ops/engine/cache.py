@@ -148,6 +148,8 @@ class CacheStats:
     bytes_l3_read: int = 0
     l3_objects_written: int = 0
     l3_objects_skipped: int = 0
+    l3_side_objects_written: int = 0  # of l3_objects_written, side-pool objects
+    l3_side_objects_read: int = 0
     prefetches_issued: int = 0
     prefetches_revoked: int = 0
     prefetches_rate_limited: int = 0
@@ -402,6 +404,7 @@ class TieredCache:
             self._emit("l3_write", nodes=views, ok=ok, outcome=outcome)
         self.stats.bytes_l3_write += outcome.nbytes
         self.stats.l3_objects_written += outcome.written
+        self.stats.l3_side_objects_written += outcome.side_written
         self.stats.l3_objects_skipped += outcome.skipped
         self.stats.backup_failures += len(ok) - written
         self._last_l3_bytes += outcome.nbytes
@@ -861,9 +864,11 @@ class TieredCache:
                 )
                 return None
             span = len(host_pages)
-        info.rank_hits = self.l3.contiguous_hits(storage_keys[pos : pos + span])
-        self._emit("storage_query", info=info, storage_keys=storage_keys[pos : pos + span], schemes=self.l3.schemes)
-        hit = min(info.rank_hits) if info.rank_hits else 0
+        found = self.l3.lookup(storage_keys[pos : pos + span])
+        info.rank_hits = found.rank_pages
+        self._emit("storage_query", info=info, storage_keys=storage_keys[pos : pos + span], schemes=self.l3.schemes,
+                   lookup=found)
+        hit = found.pages
         info.hit_pages = hit
         if hit * ps < info.threshold:
             if host_pages:
@@ -898,6 +903,7 @@ class TieredCache:
         info.bytes = outcome.nbytes
         info.size_mismatched_objects = len(outcome.size_mismatches)
         self.stats.bytes_l3_read += outcome.nbytes
+        self.stats.l3_side_objects_read += outcome.side_objects
         self.stats.size_mismatched_objects += len(outcome.size_mismatches)
         return _Prefetch(pos, info.requested_tokens, host_pages, outcome)
 

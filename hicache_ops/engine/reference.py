@@ -9,6 +9,8 @@ fresh computation. Values are raw bit patterns (NaN patterns included): compare 
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ..sglang.geometry import ModelGeometry
@@ -54,3 +56,19 @@ def reference_page(
             idx = (((kv * np.uint64(L) + layer) * np.uint64(page_size) + slot) * np.uint64(H_total) + head) * np.uint64(D) + dim
         words = _mix(idx * _GOLDEN + seed)
     return words.astype(_UINT_BY_SIZE[geometry.itemsize])
+
+
+def side_object_bytes(geometry: ModelGeometry) -> int:
+    """The size of every side-pool object in the engine (docs/side-pools.md#side-objects-in-the-engine):
+    one token's row of every layer, `layers * kv_cache_dim * itemsize`. The embedded models have no
+    side host pools of their own, so a small fixed rule stands in for their layouts."""
+    return geometry.layers * geometry.kv_cache_dim * geometry.itemsize
+
+
+def reference_side_object(storage_key: str, suffix: str, size: int) -> np.ndarray:
+    """A side-pool object's bytes as a deterministic function of its page key and its suffix (the
+    suffix names the rank where the pool is per rank, so ranks differ where their objects do)."""
+    seed = np.uint64(int(storage_key[:16], 16)) ^ np.uint64(int.from_bytes(hashlib.blake2b(suffix.encode(), digest_size=8).digest(), "little"))
+    with np.errstate(over="ignore"):
+        words = _mix(np.arange(-(-size // 8), dtype=np.uint64) * _GOLDEN + seed)
+    return words.view(np.uint8)[:size]

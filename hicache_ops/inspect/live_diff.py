@@ -41,6 +41,8 @@ from .keys import Deployment, KeyReport, PageRow, expected_keys
 from .segments import unreachable_holders
 from .store import pages_by_prefix
 from ..mooncake.admin import AdminClient
+from ..sglang import hit_policy
+from ..sglang.hit_policy import LoadablePrefix
 from ..sglang.keys import ObjectKeyScheme, dcp_topology
 from ..sglang.versions import SUPPORTED_VERSIONS, V0_5_14
 
@@ -77,13 +79,7 @@ class LiveDiff:
         return report_json
 
 
-def _leading(flags: Sequence[bool]) -> int:
-    n = 0
-    for flag in flags:
-        if not flag:
-            break
-        n += 1
-    return n
+_leading = hit_policy.leading
 
 
 def _namespaces(version: str, extra_key, cache_salt, try_extra_keys, try_cache_salts) -> list[tuple]:
@@ -193,66 +189,20 @@ class Lookup:
         return pages_by_prefix(self.listing(), wanted)
 
 
-@dataclass
-class LoadablePrefix:
-    """What SGLang's batch_exists / batch_exists_v2 return over every selected rank
-    (docs/side-pools.md#loadable-prefix)."""
-
-    kv_pages: int
-    pages: int
-    restorable: list[int] | None  # 0.5.23 with side pools: the stop points every rank can restore
-    pool_hit_pages: dict[str, int]  # SGLang's extra_pool_hit_pages without kv: the least over ranks
-
-
 def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[list[bool]]) -> LoadablePrefix:
-    """Per rank as `batch_exists_v2` does it (KV prefix, then each pool's hit policy), intersected over ranks.
-
-    Like SGLang, a rank stops looking at further pools once nothing is loadable, so those pools
-    report no hit.
-    """
+    """SGLang's batch_exists_v2 over every selected rank (hit_policy.loadable_prefix) from the
+    presence of the report's objects."""
     flag_of = {k: ok for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags)}
     prefix = report.key_prefix
     page_keys = [p.page_key for p in report.pages]
-    old = deployment.version == V0_5_14
-    kv_pages_all, final_all, hits_all = [], [], []
-    restorable_all: set[int] | None = None
+    ranks = []
     for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks):
-        def page_exists(suffixes: list[str], pages: int) -> list[bool]:
+        def exists(pool, pages: int, scheme=scheme, rank=rank) -> list[bool]:
+            suffixes = scheme.suffixes if pool is None else rank["pools"][pool.name]
             return [all(flag_of[f"{prefix}{page_keys[i]}{s}"] for s in suffixes) for i in range(pages)]
 
-        kv_pages = _leading(page_exists(scheme.suffixes, len(page_keys)))
-        kv_pages_all.append(kv_pages)
-        restorable = set(range(1, kv_pages + 1))
-        final = kv_pages
-        hits: dict[str, int] = {}
-        for pool in report.pools:
-            if not (final if old else restorable):
-                break
-            stops = _pool_stop_points(page_exists(rank["pools"][pool.name], kv_pages), pool.trailing_pages)
-            if stops:
-                hits[pool.name] = max(stops)
-            restorable &= stops
-            final = min(final, max(stops, default=0))
-        final_all.append(final if old else max(restorable, default=0))
-        hits_all.append(hits)
-        restorable_all = restorable if restorable_all is None else restorable_all & restorable
-    kv = min(kv_pages_all)
-    if not report.pools:
-        return LoadablePrefix(kv, kv, None, {})
-    pool_hits = {p.name: min(h.get(p.name, 0) for h in hits_all) for p in report.pools}
-    pool_hits = {name: pages for name, pages in pool_hits.items() if pages}
-    if old:
-        return LoadablePrefix(kv, min(final_all), None, pool_hits)
-    stops = sorted(restorable_all or ())
-    return LoadablePrefix(kv, stops[-1] if stops else 0, stops, pool_hits)
-
-
-def _pool_stop_points(exists: list[bool], trailing: int | None) -> set[int]:
-    """The prefix lengths a pool can serve: all_pages up to its first missing page; trailing_pages
-    every length whose last `trailing` pages exist."""
-    if trailing is None:
-        return set(range(1, _leading(exists) + 1))
-    return {n for n in range(1, len(exists) + 1) if all(exists[max(0, n - trailing) : n])}
+        ranks.append(exists)
+    return hit_policy.loadable_prefix(deployment.version, report.pools, ranks, len(page_keys))
 
 
 def live_diff(

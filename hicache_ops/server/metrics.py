@@ -27,6 +27,8 @@ _COUNTERS = {
     "bytes_l3_read": ("hicache_l3_read_bytes", "Bytes read from L3."),
     "l3_objects_written": ("hicache_l3_objects_written", "Objects put to L3."),
     "l3_objects_skipped": ("hicache_l3_objects_skipped", "Objects not put because they already existed."),
+    "l3_side_objects_written": ("hicache_l3_side_objects_written", "Side-pool objects put to L3 (of the objects put)."),
+    "l3_side_objects_read": ("hicache_l3_side_objects_read", "Side-pool objects read from L3."),
     "prefetches_issued": ("hicache_prefetches_issued", "L3 prefetches issued."),
     "prefetches_revoked": ("hicache_prefetches_revoked", "L3 prefetches revoked (minimum rank hit below the threshold)."),
 }

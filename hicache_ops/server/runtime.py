@@ -208,6 +208,11 @@ class Runtime:
             "model_name": self.spec.model_name,
             "extra_backend_tag": self.spec.extra_backend_tag,
             "key_prefix": self.spec.schemes()[0].prefix,
+            "side_pools": [
+                {**pool.to_json(list(dict.fromkeys(s for scheme in self.spec.schemes() for s in self.spec.side_pool_suffixes(scheme)[pool.name]))),
+                 "spec": pool.to_text()}
+                for pool in self.spec.side_pools
+            ],
             "l3": self.l3.kind,
             "injected_l3_latency_s": self.l3_latency_s,
             "master_rpc_address": self.started.get("rpc_address"),

@@ -96,6 +96,15 @@ class PoolSpec:
             return None
         return 1 if self.name == "mamba" and self.served is None else self.window
 
+    def to_text(self) -> str:
+        """The `--pool` text that gives this spec back (parse_pool)."""
+        options = [f"attention={self.attention}"] if self.attention else []
+        if self.name == "mamba":
+            options += [f"conv={self.conv}", f"temporal={int(self.temporal)}"]
+        if self.hit_policy == TRAILING_PAGES and self.name != "mamba":
+            options.append(f"window={self.window}")
+        return self.name + (":" + ",".join(options) if options else "")
+
     def to_json(self, suffixes: list[str]) -> dict:
         return {
             "name": self.name,
@@ -328,3 +337,19 @@ def combine_pools(preset_pools: list[PoolSpec], texts: list[str]) -> list[PoolSp
         else:
             out[index] = _build(text, replace(out[index], **fields))
     return out
+
+
+def side_pools_for(pool_texts, preset_name: str | None, version: str, mla: bool, page_size: int) -> tuple[PoolSpec, ...]:
+    """The side pools `--pool` / `--pool-preset` give a deployment whose attention kind is fixed
+    (the engine's geometry): a preset of the other kind is refused rather than followed. The
+    engine checks each pool against the version (EngineSpec.check_side_pools)."""
+    if preset_name is None:
+        return tuple(parse_pool(text) for text in pool_texts or ())
+    chosen = preset(preset_name, version)
+    if chosen.mla != mla:
+        want, have = ("MLA", "MHA") if chosen.mla else ("MHA", "MLA")
+        raise InputError(
+            f"pool preset {preset_name} is for an {want} model but the engine's geometry is {have}.",
+            hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA ones.",
+        )
+    return tuple(combine_pools(chosen.specs(page_size), list(pool_texts or ())))

@@ -11,13 +11,15 @@ computed, inserted, written or backed up). Running it twice gives the same steps
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import numpy as np
 
 from ..sglang import policy as pol
 from . import dcp as dcp_view
-from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short
+from .side_pools import side_lookup_step
+from .steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _Stop
 
 
 def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None,
@@ -66,15 +68,23 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
               invariant="suffix >= max(prefetch_threshold, page_size)", detail=detail)
 
         suffix = storage_keys[pos:]
-        rank_hits = cache.l3.contiguous_hits(suffix)
-        hit = min(rank_hits) if rank_hits else 0
+        found = cache.l3.lookup(suffix)
+        rank_hits = found.rank_pages
+        hit = found.kv_pages
         detail = {"rank_hits": rank_hits, "contiguous_pages": hit, "queried_pages": len(suffix),
                   "first_query_keys": cache.l3.schemes[0].object_keys(suffix[0]) if suffix else []}
         if dcp_view.dcp_size_of(cache.l3.schemes) > 1:
             t.add("dcp shards", INFO, dcp_view.shard_summary(cache), detail={
                 "dcp_size": dcp_view.dcp_size_of(cache.l3.schemes),
                 "dcp_pages": dcp_view.shard_table(cache, tokens, list(range(pos, n)), suffix)})
-        if hit < len(suffix):
+        if getattr(cache.l3, "pools", ()):
+            info = types.SimpleNamespace(rank_hits=rank_hits, threshold=threshold)
+            try:
+                side_lookup_step(t, cache, suffix, found, info, detail, diagnose)
+            except _Stop:
+                return t.steps
+            hit = found.pages
+        elif hit < len(suffix):
             causes = diagnose() if diagnose else []
             named, shards, shard_causes = dcp_view.explain_missing(cache.l3.schemes, rank_hits, suffix, pos)
             if shards:
@@ -88,8 +98,9 @@ def observe_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None
             t.add("batch_exists", FAIL, f"the prefix stops after {hit} of {len(suffix)} pages (per rank {rank_hits}){named}",
                   detail=detail, causes=causes or ["an object of the next page is missing"])
             return t.steps
-        t.add("batch_exists", PASS, f"all {len(suffix)} pages are in L3 on every rank ({rank_hits})",
-              invariant="the contiguous prefix whose objects ALL exist, minimum over ranks", detail=detail)
+        else:
+            t.add("batch_exists", PASS, f"all {len(suffix)} pages are in L3 on every rank ({rank_hits})",
+                  invariant="the contiguous prefix whose objects ALL exist, minimum over ranks", detail=detail)
 
         scratch_pages = min(hit, cache.host.free)
         if scratch_pages == 0:

@@ -32,6 +32,8 @@ FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
                           "(needs --dcp-size > 1)"),
     "dcp-mismatch": (("read",), "the writer runs decode context parallel (--dcp-size, or 2), the reader looks the "
                      "keys up without DCP (needs an MLA --preset, SGLang 0.5.23)"),
+    "missing-side-object": (("read",), "with side pools: the writer stores the prompt's first half, then all of it (two "
+                            "nodes); then the first side pool's objects of the last page are removed"),
 }
 
 
@@ -84,11 +86,17 @@ def diagnosis_causes(
     from ..inspect.live_diff import live_diff
     from ..mooncake.admin import AdminClient
 
+    from ..inspect.keys import expected_keys
+
     admin = AdminClient(metrics_address)
     try:
+        report = None
+        if spec.side_pools:
+            report = expected_keys(tokens, spec.page_size, spec.deployment(), extra_key=extra_key, cache_salt=cache_salt,
+                                   pools=spec.side_pools)
         diff = live_diff(
             tokens, spec.page_size, spec.deployment(), admin, extra_key=extra_key, cache_salt=cache_salt,
-            try_cache_salts=list(try_cache_salts),
+            try_cache_salts=list(try_cache_salts), report=report,
         )
     finally:
         admin.close()
@@ -134,6 +142,8 @@ def run_embedded(
         r_tokens = tokens[: max(ps, ((threshold - 1) // ps) * ps)]
     elif inject == "prefetch-timeout":
         reader_spec = replace(spec, stop_policy="timeout")
+    elif inject == "missing-side-object" and not spec.side_pools:
+        raise InputError("fault 'missing-side-object' needs side pools (--pool or --pool-preset).")
     elif inject == "dcp-mismatch":
         writer_spec, reader_spec = _dcp_mismatch(spec)
     elif inject == "missing-v" and spec.geometry.mla:
@@ -141,7 +151,7 @@ def run_embedded(
                          hint="Use corrupted-object, or missing-dcp-shard with --dcp-size.")
     elif inject == "missing-dcp-shard" and spec.dcp_size == 1:
         raise InputError("fault 'missing-dcp-shard' removes one DCP shard's object: it needs --dcp-size > 1.")
-    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object", "missing-dcp-shard"):
+    if kind == "read" and len(tokens) // spec.page_size < 2 and inject in ("missing-v", "corrupted-object", "missing-dcp-shard", "missing-side-object"):
         raise InputError(f"fault {inject!r} needs a prompt of at least two pages ({2 * spec.page_size} tokens).")
 
     # The master's log lives as long as the run: an embedded trace leaves nothing behind.
@@ -159,6 +169,8 @@ def run_embedded(
                 run.scenario["writer"] = _describe(writer_spec, extra_key, cache_salt)
                 run.steps = trace_write(writer, tokens, extra_key=extra_key, cache_salt=cache_salt, on_step=on_step)
                 return run
+            if inject == "missing-side-object":  # a first node ends half way: a Mamba state there too
+                writer.prefill(tokens[: (len(tokens) // spec.page_size // 2) * spec.page_size], extra_key, w_salt)
             written = writer.prefill(tokens, extra_key, w_salt)
             run.scenario["writer"] = {**_describe(writer_spec, extra_key, w_salt), "stored_pages": written.stored_pages}
             _damage(inject, writer, w_store, tokens, extra_key, w_salt)
@@ -205,18 +217,24 @@ def _describe(spec: EngineSpec, extra_key, cache_salt) -> dict:
         "write_policy": spec.write_policy,
         "stop_policy": spec.stop_policy, "layout": spec.layout, "model_name": spec.model_name,
         "extra_key": extra_key, "cache_salt": cache_salt, "prefetch_threshold": spec.prefetch_threshold,
+        "side_pools": [p.name for p in spec.side_pools],
     }
 
 
 def _damage(inject, writer, store, tokens, extra_key, cache_salt) -> None:
     """Change the objects between write and read, for the faults that do."""
-    if inject not in ("missing-v", "corrupted-object", "missing-dcp-shard"):
+    if inject not in ("missing-v", "corrupted-object", "missing-dcp-shard", "missing-side-object"):
         return
     _, storage_keys = writer.keys_for(np.asarray(tokens), extra_key, cache_salt)
     if inject == "missing-dcp-shard":
         last = max((s for s in writer.l3.schemes if s.writes), key=lambda s: s.dcp_rank)
         (key,) = last.object_keys(storage_keys[1])
         store.remove_keys([key], prefix=last.prefix or key, force=True)
+    elif inject == "missing-side-object":
+        l3 = writer.l3
+        pool = l3.pools[0]
+        keys = [o["key"] for rank in l3.side_presence(storage_keys, len(storage_keys)) for o in rank[pool.name][-1]]
+        store.remove_keys(keys, prefix=l3.schemes[0].prefix or storage_keys[-1], force=True)
         return
     scheme = writer.l3.schemes[0]
     k_key, *rest = scheme.object_keys(storage_keys[1])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..sglang import policy as pol
 from ..sglang.keys import hash_page, namespace_seed
 from . import dcp as dcp_view
+from .side_pools import side_layout, side_lookup_step
 
 PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
 
@@ -198,6 +199,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
                   invariant="a node is marked backed up only after its copy is acknowledged",
                   state="nodes: backed_up=True")
         elif event == "l3_write":
+            seen.setdefault("side", []).extend(o for o in data["outcome"].objects if "pool" in o)
             _write_l3_steps(t, cache, data, tokens, extra_key, cache_salt)
 
     try:
@@ -215,7 +217,7 @@ def trace_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None)
         else:
             t.add("L3", FAIL, "no page reached L3", causes=["the host backup did not happen (see the write policy step)"])
             return t.steps
-    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])))
+    _verify_on_master(t, cache, cache.tree.pages_of(seen.get("tree_keys", [])), seen.get("side", []))
     return t.steps
 
 
@@ -245,9 +247,22 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
         }
         for s in schemes
     }
-    t.add("object keys", PASS, f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} object(s) over "
+    pools = getattr(cache.l3, "pools", ())
+    side = [o for o in outcome.objects if "pool" in o]
+    if pools:
+        for (label, row), suffixes in zip(per_rank.items(), side_layout(schemes, pools)):
+            row["side_pools"] = suffixes
+        per_page: dict[int, list[str]] = {}
+        for o in side:
+            per_page.setdefault(first + o["page"], []).append(o["key"])
+        rules = ", ".join(f"{p.name} {p.hit_policy}" + (" (the node's last page only)" if p.name == "mamba" else "") for p in pools)
+        side_text = f" and {len(side)} side-pool object(s) ({rules})"
+    else:
+        per_page, side_text = {}, ""
+    t.add("object keys", PASS, f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} KV object(s){side_text} over "
           f"{len(schemes)} rank(s), prefix {schemes[0].prefix or '(none)'}",
-          invariant="{prefix}{page_key}{rank suffix}{_k|_v}, as SGLang's MooncakeStore names them", detail={"ranks": per_rank})
+          invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's MooncakeStore "
+          "names them", detail={"ranks": per_rank, **({"side_objects_by_page": per_page} if pools else {})})
     if dcp_view.dcp_size_of(schemes) > 1:
         _dcp_step(t, cache, tokens, [n.depth for n in nodes], keys)
     objects = outcome.objects
@@ -256,7 +271,8 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
         t.add("batch_is_exist", PASS, f"{len(existed)} of {len(objects)} object(s) already existed and are skipped",
               invariant="only missing objects are put (put does not overwrite)", detail={"existing": existed})
         codes = [o for o in objects if o["code"] not in (None, 0)]
-        put = [{"key": o["key"], "ptr": hex(o["ptr"]), "size": o["size"], "code": o["code"]} for o in objects if o["code"] is not None]
+        put = [{"key": o["key"], "ptr": hex(o["ptr"]), "size": o["size"], "code": o["code"], **({"pool": o["pool"]} if "pool" in o else {})}
+               for o in objects if o["code"] is not None]
         if codes:
             t.fail("batch_put_from", f"{len(codes)} of {len(put)} put(s) failed",
                    [f"code {o['code']} for {o['key']}" for o in codes[:5]]
@@ -276,8 +292,11 @@ def _dcp_step(t: Tracer, cache, tokens, depths: list[int], keys: list[str]) -> N
           detail={"dcp_size": dcp_view.dcp_size_of(cache.l3.schemes), "dcp_pages": table})
 
 
-def _verify_on_master(t: Tracer, cache, nodes) -> None:
-    """Every expected object of the prompt's pages is on the master with the host copy's bytes."""
+def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
+    """Every expected object of the prompt's pages is on the master with the host copy's bytes
+    (side-pool objects: with their reference bytes)."""
+    from ..engine.reference import reference_side_object
+
     store = cache.l3.store
     expected, sources, shard_of = [], [], {}
     for scheme in cache.l3.schemes:
@@ -306,6 +325,17 @@ def _verify_on_master(t: Tracer, cache, nodes) -> None:
         want = ctypes.string_at(pools.host.data_ptr() + piece.offset, piece.size)
         if store.get(key) != want:
             differ.append(key)
+    side_keys = [o["key"] for o in side]
+    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else []):
+        if not present:
+            missing.append(o["key"])
+        elif store.get(o["key"]) != reference_side_object(o["page_key"], o["suffix"], o["size"]).tobytes():
+            differ.append(o["key"])
+    expected += side_keys
+    if missing:
+        t.fail("verify on master", f"{len(missing)} of {len(expected)} expected object(s) are not on the master",
+               ["the writing client closed or died (objects live in its segment)", "evicted under memory pressure",
+                "removed by someone"], detail={"missing": missing[:20]})
     if differ:
         t.fail("verify on master", f"{len(differ)} object(s) hold bytes other than the reference",
                ["an older object under the same key (put never overwrites)", "a writer with another host layout or dtype"],
@@ -367,7 +397,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         elif event == "storage_query":
             info = data["info"]
             keys = data["storage_keys"]
-            hit = min(info.rank_hits) if info.rank_hits else 0
+            found = data["lookup"]
+            hit = found.kv_pages
             detail = {"rank_hits": info.rank_hits, "contiguous_pages": hit, "queried_pages": len(keys),
                       "first_query_keys": data["schemes"][0].object_keys(keys[0]) if keys else []}
             first = state.get("first_page", 0)
@@ -376,6 +407,9 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                 t.add("dcp shards", INFO, dcp_view.shard_summary(cache),
                       detail={"dcp_size": dcp, "dcp_pages": dcp_view.shard_table(
                           cache, tokens, list(range(first, first + len(keys))), keys)})
+            if getattr(cache.l3, "pools", ()):
+                side_lookup_step(t, cache, keys, found, info, detail, diagnose)
+                return
             if hit < len(keys):
                 causes = diagnose() if diagnose else []
                 named, shards, shard_causes = dcp_view.explain_missing(data["schemes"], info.rank_hits, keys, first)
@@ -399,6 +433,17 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                       "done_at_s": [round(x, 6) for x in outcome.done_at],
                       "size_mismatched_objects": len(outcome.size_mismatches),
                       "size_mismatches": outcome.size_mismatches[:5]}
+            if outcome.side_failures:
+                detail["side_failures"] = outcome.side_failures[:10]
+                first = outcome.side_failures[0]
+                if not first["why"].startswith("bytes"):
+                    t.fail("batch_get_into", f"side pool {first['pool']}: object {first['key']} of page {first['page']} "
+                           f"failed to read ({first['why']})",
+                           ["the object disappeared between batch_exists_v2 and the read", "a lease or RPC failure"],
+                           detail=detail)
+                t.fail("batch_get_into", f"side pool {first['pool']}: object {first['key']} of page {first['page']} "
+                       "holds bytes other than its reference", ["a corrupted or stale side object under the right key",
+                                                                  "a writer with another side-pool shape"], detail=detail)
             if failed:
                 # the live diff names a present object's segment that this host cannot reach (another host's)
                 located = diagnose() if diagnose else []
@@ -414,7 +459,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                                   "(fp8 vs bf16), head count or page size wrote under the same keys")
                 t.fail("batch_get_into", f"{len(corrupt)} page(s) arrived but their bytes differ from the reference "
                        f"(first: page {corrupt[0]})", causes, detail={**detail, "corrupt_pages": corrupt})
-            t.add("batch_get_into", PASS, f"read {len(hosts)} page(s), {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
+            side_read = f" and {outcome.side_objects} side-pool object(s)" if outcome.side_objects else ""
+            t.add("batch_get_into", PASS, f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
                   invariant="every object read > 0 bytes and each page equals its reference", state="L2 holds the pages",
                   detail=detail)
         elif event == "stop_policy":

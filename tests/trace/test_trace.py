@@ -53,12 +53,14 @@ EXPECTED_FAILURE = {
 }
 
 
-# Faults that need an MLA deployment with DCP (SGLang 0.5.23): tests/trace/test_trace_dcp.py.
+# Faults that need an MLA deployment with DCP (SGLang 0.5.23): tests/trace/test_trace_dcp.py;
+# faults that need side pools: tests/trace/test_side_pools.py.
 DCP_FAULTS = {"missing-dcp-shard", "dcp-mismatch"}
+SIDE_POOL_FAULTS = {"missing-side-object"}
 
 
 def test_every_fault_has_an_expectation():
-    assert {f for _, f in EXPECTED_FAILURE} | DCP_FAULTS == set(FAULTS)
+    assert {f for _, f in EXPECTED_FAILURE} | DCP_FAULTS | SIDE_POOL_FAULTS == set(FAULTS)
 
 
 @pytest.mark.parametrize("kind, fault", sorted(EXPECTED_FAILURE))
