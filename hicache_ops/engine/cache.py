@@ -28,44 +28,9 @@ from ..sglang.versions import V0_5_14, V0_5_23
 from ..sglang import policy as pol
 from .config import CacheConfig
 from .planes import DataPlane, L3Tier, ReadOutcome
+from .pools import CapacityError, PagePool, PoolAllocation
 from .results import CacheStats, PrefetchInfo, PrefillResult
 from .tree import Node, RadixTree, page_views
-
-
-class CapacityError(InputError):
-    """A request cannot fit in the pools even after evicting everything unpinned."""
-
-
-class PagePool:
-    """A free list of page indices."""
-
-    def __init__(self, pages: int):
-        self.capacity = pages
-        self._free = list(range(pages - 1, -1, -1))
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        return self.capacity - len(self._free)
-
-    def take_many(self, n: int) -> list[int]:
-        """n pages, the most recently freed first."""
-        free = self._free
-        cut = len(free) - n
-        pages = free[cut:]
-        pages.reverse()
-        del free[cut:]
-        return pages
-
-    def give_many(self, pages: list[int]) -> None:
-        """Return pages to the pool."""
-        self._free.extend(pages)
-
-    def reset(self) -> None:
-        self._free = list(range(self.capacity - 1, -1, -1))
 
 
 @dataclass
@@ -97,7 +62,7 @@ class Arrival:
     held: list[Node] = field(default_factory=list)
 
 
-class TieredCache:
+class TieredCache(PoolAllocation):
     def __init__(self, config: CacheConfig, plane: DataPlane, l3: L3Tier | None = None):
         self.config = config
         self.plane = plane
@@ -154,76 +119,11 @@ class TieredCache:
             return tree_keys, storage_keys
         return tree_keys, tree_keys
 
-    # -- allocation and eviction ----------------------------------------------------------------
-
-    def _alloc_device(self, n: int) -> list[int]:
-        pages = self._try_alloc_device(n)
-        if pages is None:
-            raise CapacityError(
-                f"the device pool has {self.device.capacity} pages and cannot hold {n} more "
-                "even after evicting every unpinned page.",
-                hint="Use a larger device pool or a shorter prompt.",
-            )
-        return pages
-
-    def _try_alloc_device(self, n: int) -> list[int] | None:
-        if self.device.free < n:
-            self._evict_device(n - self.device.free)
-        if self.device.free < n:
-            return None
-        return self.device.take_many(n)
-
-    def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None:
-        """n host pages, evicting host nodes for them (as much as the version asks for a backup or
-        a prefetch); with `at_least`, fewer (what is free) when that is at least `at_least` pages.
-        None when they cannot be had."""
-        if n == 0:
-            return []
-        if not self.config.enable_l2:
-            return None
-        if self.host.free < n:
-            self._evict_host(pol.host_eviction_pages(self.config.sglang_version, n, self.host.free, prefetch))
-        if self.host.free >= n:
-            return self.host.take_many(n)
-        if at_least is not None and self.host.free >= at_least:
-            return self.host.take_many(self.host.free)
-        return None
-
-    def _evict_device(self, n: int) -> None:
-        """Whole device leaves in policy order; write_back backs each up as it leaves (without a
-        host tier there is no HiCache: a leaf is simply dropped)."""
-        write_back = (
-            self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
-        )
-        freed: list[int] = []
-        nodes = dropped = 0
-        try:
-            nodes, dropped = self.tree.evict_device(n, write_back, freed)
-        finally:
-            self.device.give_many(freed)
-            self.stats.device_evictions += len(freed)
-            self.stats.device_evicted_nodes += nodes
-            self.stats.dropped_pages += dropped
-            self._request_device_evicted += len(freed)
-
     def _write_back_one(self, node: Node) -> bool:
         if self._backup_node(node):
             self.stats.write_back_backups += len(node.keys)
             return True
         return False
-
-    def _evict_host(self, n: int) -> None:
-        freed: list[int] = []
-        if self._reclaims_duplicates:
-            self.stats.host_reclaimed_nodes += self.tree.reclaim_host_duplicates(n, freed)
-        nodes = dropped = 0
-        if len(freed) < n:
-            nodes, dropped = self.tree.evict_host(n - len(freed), freed)
-        self.host.give_many(freed)
-        self.stats.host_evictions += len(freed)
-        self.stats.host_evicted_nodes += nodes
-        self.stats.dropped_pages += dropped
-        self._request_host_evicted += len(freed)
 
     # -- backups: docs/controller.md#write-policies, #l3-backup ----------------------------------
 

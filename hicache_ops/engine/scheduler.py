@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sglang import policy as pol
-from .cache import Arrival, CapacityError, PrefillResult, TieredCache
+from .cache import Arrival, TieredCache
+from .pools import CapacityError
+from .results import PrefillResult
 
 
 @dataclass
