@@ -16,7 +16,8 @@ from ..sglang.pools import PoolSpec, check_pool, pool_suffixes
 from ..sglang.rewrites import resolve_layout
 from ..sglang.versions import NEWEST
 from ..sglang import policy as pol
-from .cache import CacheConfig, TieredCache
+from .cache import TieredCache
+from .config import CacheConfig
 from .planes import AccountingPlane, MemoryL3
 from .reference import side_object_bytes
 

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..sglang import policy as pol
-from .cache import Arrival, CapacityError, PrefillResult, TieredCache
+from .admission import Arrival
+from .cache import TieredCache
+from .pools import CapacityError
+from .results import PrefillResult
 
 
 @dataclass

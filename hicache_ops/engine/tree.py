@@ -305,19 +305,17 @@ class RadixTree:
         self.touch(path)
         return path
 
-    def insert_device(
-        self, anchor: Node, keys: list[str], storage_keys: list[str], start: int, pages: list[int]
-    ) -> tuple[list[Node], list[int], list[Node]]:
-        """Pages start.. of a prompt computed into device `pages`, inserted below `anchor`.
-
-        Walks existing nodes first (splitting where the run diverges): one without a device copy
-        takes the new pages (recomputed KV revives it); one on the device keeps its pages and the
-        new ones come back as duplicates. The rest becomes one new leaf.
-        Returns (the nodes walked and created, in order; the duplicate device pages; the nodes an
-        insert counts a hit on: those already on the device, and the new leaf).
-        """
+    def _insert_run(
+        self, anchor: Node, keys: list[str], storage_keys: list[str], start: int, pages: list[int],
+        place: Callable[[Node, list[int]], bool],
+    ) -> tuple[list[Node], list[int], list[Node], Node | None]:
+        """Insert pages start.. of a prompt, held in one tier's `pages`, below `anchor`: walk the
+        existing nodes (splitting where the run diverges), where `place(node, pages)` gives a node
+        its share or returns False when it keeps its own copy; the rest becomes one new leaf.
+        Returns (nodes walked and created, in order; unused pages; nodes that kept their copy; the
+        new leaf or None)."""
         walked: list[Node] = []
-        resident: list[Node] = []
+        kept: list[Node] = []
         unused: list[int] = []
         node, i, n = anchor, 0, len(pages)
         while i < n:
@@ -327,20 +325,46 @@ class RadixTree:
             common = _common_pages(child.keys, keys, start + i)
             if common < len(child.keys):
                 child = self.split(child, common)
-            if child.device is None:
-                self.set_device(child, pages[i : i + common])
-            else:
-                unused.extend(pages[i : i + common])
-                resident.append(child)
+            share = pages[i : i + common]
+            if not place(child, share):
+                unused.extend(share)
+                kept.append(child)
             walked.append(child)
             i += common
             node = child
+        leaf = None
         if i < n:
             leaf = self._new_node(keys[start + i : start + n], storage_keys[start + i : start + n], start + i, node)
-            self.set_device(leaf, pages[i:])
+            place(leaf, pages[i:])
             walked.append(leaf)
-            resident.append(leaf)
         self.touch(walked)
+        return walked, unused, kept, leaf
+
+    def _place_device(self, node: Node, pages: list[int]) -> bool:
+        """Recomputed KV revives a node off the device; one on the device keeps its pages."""
+        if node.device is not None:
+            return False
+        self.set_device(node, pages)
+        return True
+
+    def _place_host(self, node: Node, pages: list[int]) -> bool:
+        """Pages read from L3 become the host copy of a node on no tier, backed up and stored."""
+        if node.host is not None or node.device is not None:
+            return False
+        self.set_host(node, pages)
+        node.stored = len(node.keys)
+        return True
+
+    def insert_device(
+        self, anchor: Node, keys: list[str], storage_keys: list[str], start: int, pages: list[int]
+    ) -> tuple[list[Node], list[int], list[Node]]:
+        """Pages start.. of a prompt computed into device `pages`, inserted below `anchor`; pages
+        of nodes already on the device come back as duplicates. Returns (the nodes walked and
+        created, in order; the duplicate device pages; the nodes an insert counts a hit on: those
+        already on the device, and the new leaf)."""
+        walked, unused, resident, leaf = self._insert_run(anchor, keys, storage_keys, start, pages, self._place_device)
+        if leaf is not None:
+            resident.append(leaf)
         return walked, unused, resident
 
     def insert_host(
@@ -349,30 +373,7 @@ class RadixTree:
         """Pages start.. of a prompt read from L3 into host `pages`, inserted below `anchor` as
         backed-up, stored nodes off the device. Pages already in the tree keep their copy and the
         new host pages come back unused. Returns (the nodes walked and created, unused host pages)."""
-        walked: list[Node] = []
-        unused: list[int] = []
-        node, i, n = anchor, 0, len(pages)
-        while i < n:
-            child = node.children.get(keys[start + i])
-            if child is None:
-                break
-            common = _common_pages(child.keys, keys, start + i)
-            if common < len(child.keys):
-                child = self.split(child, common)
-            if child.host is None and child.device is None:
-                self.set_host(child, pages[i : i + common])
-                child.stored = len(child.keys)
-            else:
-                unused.extend(pages[i : i + common])
-            walked.append(child)
-            i += common
-            node = child
-        if i < n:
-            leaf = self._new_node(keys[start + i : start + n], storage_keys[start + i : start + n], start + i, node)
-            leaf.stored = n - i
-            self.set_host(leaf, pages[i:])
-            walked.append(leaf)
-        self.touch(walked)
+        walked, unused, _, _ = self._insert_run(anchor, keys, storage_keys, start, pages, self._place_host)
         return walked, unused
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
-from ..engine.cache import CapacityError
+from ..engine.pools import CapacityError
 from ..errors import HicacheError, InputError
 
 if TYPE_CHECKING:

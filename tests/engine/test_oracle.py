@@ -61,7 +61,8 @@ def replay_engine(workload: list[dict], config: OracleConfig, version: str) -> l
     padding page comes on top), the host pool int(device_tokens x ratio) // page_size + 1 pages
     (docs/host-pool.md). The L3 answers at once; wait_complete, as the 0.5.14 oracle reads it.
     """
-    from hicache_ops.engine.cache import CacheConfig, TieredCache
+    from hicache_ops.engine.cache import TieredCache
+    from hicache_ops.engine.config import CacheConfig
     from hicache_ops.engine.planes import AccountingPlane, MemoryL3
     from hicache_ops.sglang.keys import ObjectKeyScheme
 

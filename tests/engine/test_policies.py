@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hicache_ops.engine.cache import CacheConfig, CapacityError, TieredCache
+from hicache_ops.engine.cache import TieredCache
+from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
+from hicache_ops.engine.pools import CapacityError
 from hicache_ops.sglang.policy import TimeoutBudget
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.keys import ObjectKeyScheme

@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache_ops.engine.cache import CacheConfig, TieredCache
+from hicache_ops.engine.cache import TieredCache
+from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
 from hicache_ops.engine.scheduler import run_wave
 from hicache_ops.sglang.keys import ObjectKeyScheme
