@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from hicache_ops.bench.multiturn import run_config, run_multiturn
+from hicache_ops.bench.multiturn import run_multiturn
+from hicache_ops.bench.multiturn_config_run import run_config
 from hicache_ops.bench.multiturn_workload import CONFIGS, MultiturnSpec
 from cli_runner import hicache
 
