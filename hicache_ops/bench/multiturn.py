@@ -4,7 +4,7 @@ The workload, its pools and the ceiling h_max(r): multiturn_workload.py.
 
 Each configuration, and how a request goes through the engine in it: multiturn_config_run.py.
 The same workload runs side by side in three configurations of the same engine code: L1 only,
-L1+L2, L1+L2+L3.
+L1+L2, L1+L2+L3; in accounting mode each in a process of its own (multiturn_workers.py).
 
 A stop request (Ctrl-C, hicache_ops/interrupt.py) ends each configuration after the round in
 progress; configurations not yet started are not run. The result then covers the rounds finished,
@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 
 from .. import interrupt
-from ..errors import HicacheError, InputError
+from ..errors import InputError
 from .multiturn_config_run import ConfigRun, Progress, run_config
+from .multiturn_workers import available_cpus, run_parallel
 from .multiturn_workload import CONFIGS, LABELS, MultiturnSpec, workload_tokens
 
 
@@ -162,99 +163,6 @@ def _in_flight_rule(spec: MultiturnSpec) -> str:
     return f"limit {limit:,} tokens, {pol.prefetch_limit_rule(spec.sglang_version)}; {pol.retry_rule(spec.sglang_version)}"
 
 
-def _worker(spec: MultiturnSpec, config: str, queue, stop) -> None:
-    """Child process: run one configuration, report progress and the result on `queue`; the
-    parent's `stop` event, or a SIGTERM of its own, ends it after the round in progress."""
-    import signal
-
-    # A terminal's Ctrl-C reaches the whole process group: the parent decides, through `stop`. A
-    # SIGTERM to the group (a service manager) stops the worker like `stop`, so its rounds still
-    # reach the parent; the parent ends a worker whose result it drops with SIGKILL.
-    terminated: list[bool] = []
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(True))
-    try:
-        run = run_config(spec, config, progress=lambda name, r, n: queue.put(("progress", name, r)),
-                         stop=lambda: stop.is_set() or bool(terminated))
-        queue.put(("done", config, run))
-    except HicacheError as err:
-        queue.put(("error", config, (type(err).__name__, err.message, err.hint, err.exit_code)))
-    except BaseException as exc:  # a bug: hand it to the parent as text
-        queue.put(("crash", config, f"{type(exc).__name__}: {exc}"))
-
-
-class _WorkerError(HicacheError):
-    """A worker's HicacheError, re-raised in the parent with its message, hint and exit code."""
-
-    def __init__(self, message: str, hint: str | None, exit_code: int):
-        super().__init__(message, hint)
-        self.exit_code = exit_code
-        self.code = {2: "input_error", 3: "unreachable"}.get(exit_code, "error")
-
-
-def _run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, progress: Progress | None) -> dict:
-    """Each configuration in its own process (they share nothing); at most `workers` at a time."""
-    import multiprocessing as mp
-    import queue as queue_mod
-
-    # fork when this process runs one thread (the CLI; pytest): children start at once and need no
-    # importable __main__. With other threads about, forking could copy a held lock: spawn.
-    import threading
-
-    single = threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if single else "spawn")
-    queue = ctx.Queue()
-    stop = ctx.Event()
-    pending = list(configs)
-    running: dict[str, object] = {}
-    runs: dict[str, ConfigRun] = {}
-    try:
-        while pending or running:
-            if interrupt.requested() and not stop.is_set():
-                stop.set()  # running workers finish their round and report; the others never start
-                pending.clear()
-            while pending and len(running) < workers:
-                name = pending.pop(0)
-                proc = ctx.Process(target=_worker, args=(spec, name, queue, stop), daemon=True)
-                proc.start()
-                running[name] = proc
-            try:
-                kind, name, payload = queue.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [name for name, proc in running.items() if not proc.is_alive()]
-                if not dead:
-                    continue
-                if interrupt.requested():  # killed along with us (SIGTERM to the whole group): no result
-                    running.pop(dead[0]).join()
-                    continue
-                try:  # a worker that just put its result and exited: its message is in the pipe
-                    kind, name, payload = queue.get(timeout=5.0)
-                except queue_mod.Empty:
-                    proc = running[dead[0]]
-                    raise RuntimeError(
-                        f"the {dead[0]} worker exited with code {proc.exitcode} without a result"
-                    ) from None
-            if kind == "progress":
-                if progress is not None:
-                    progress(name, payload, spec.rounds)
-            elif kind == "done":
-                runs[name] = payload
-                finished = running.pop(name, None)  # None: already dropped as dead after a stop
-                if finished is not None:
-                    finished.join()
-            elif kind == "error":
-                _, message, hint, code = payload
-                raise _WorkerError(message, hint, code)
-            else:
-                raise RuntimeError(f"the {name} worker failed: {payload}")
-    finally:
-        for proc in running.values():  # results no one will read: accounting-only workers hold nothing else
-            if proc.is_alive():
-                proc.kill()
-            proc.join(timeout=5)
-    return runs
-
-
 def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, workers: int | None = None,
                   configs: tuple[str, ...] = CONFIGS) -> MultiturnResult:
     """Run the workload in each configuration; accounting mode spreads them over processes.
@@ -269,7 +177,7 @@ def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, work
     if workers is None:
         # One process per configuration as soon as there are two CPUs: three processes on two
         # CPUs finish sooner than two at a time, since the configurations take unequal times.
-        workers = len(configs) if spec.accounting_only and _cpus() >= 2 else 1
+        workers = len(configs) if spec.accounting_only and available_cpus() >= 2 else 1
     if not spec.accounting_only:
         workers = 1
     workers = max(1, min(workers, len(configs)))
@@ -282,18 +190,9 @@ def run_multiturn(spec: MultiturnSpec, *, progress: Progress | None = None, work
                 break
             runs[name] = run_config(spec, name, progress, tokens)
     else:
-        runs = _run_parallel(spec, configs, workers, progress)
+        runs = run_parallel(spec, configs, workers, progress)
     runs = {name: runs[name] for name in configs if name in runs and runs[name].rounds_done}
     interrupted = len(runs) < len(configs) or any(run.interrupted for run in runs.values())
     if not runs:  # stopped before any round ended: no figure to report
         raise interrupt.Interrupted(f"bench multiturn stopped on {interrupt.reason()} before its first round ended: nothing was measured.")
     return MultiturnResult(spec, runs, workers, time.perf_counter() - t0, interrupted)
-
-
-def _cpus() -> int:
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
