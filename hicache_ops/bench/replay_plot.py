@@ -1,5 +1,5 @@
 """`bench replay --plot`: a sweep's hit rate against the swept tier's capacity, drawn from the
-report's JSON (replay.py): all tiers together, each tier's share, the block LRU beside it, and the
+report's JSON (replay_report.py): all tiers together, each tier's share, the block LRU beside it, and the
 unbounded marks."""
 
 from __future__ import annotations
