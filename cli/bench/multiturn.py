@@ -127,7 +127,7 @@ def _render(data: dict) -> None:
     )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
     if data["interrupted"]:
-        from hicache_ops.bench.multiturn import CONFIGS, LABELS
+        from hicache_ops.bench.multiturn_workload import CONFIGS, LABELS
 
         done = ", ".join(
             f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}" if n in data["configurations"]
@@ -159,7 +159,7 @@ class _Progress:
         if not finished and now - self.last < (0.2 if self.tty else 5.0):
             return
         self.last = now
-        from hicache_ops.bench.multiturn import CONFIGS, LABELS
+        from hicache_ops.bench.multiturn_workload import CONFIGS, LABELS
 
         parts = "  ".join(f"{LABELS[n]} {self.done[n]}/{rounds}" for n in CONFIGS if n in self.done)
         line = f"rounds done: {parts}  ({now - self.t0:.0f}s)"
@@ -233,8 +233,9 @@ def multiturn(
     """
     with reporting(json_output):
         from hicache_ops import interrupt
-        from hicache_ops.bench.multiturn import MultiturnSpec, run_multiturn
+        from hicache_ops.bench.multiturn import run_multiturn
         from hicache_ops.bench.multiturn_plot import plot_hit_rates
+        from hicache_ops.bench.multiturn_workload import MultiturnSpec
         from hicache_ops.sglang.versions import default_version
 
         if workers is not None and workers < 1:

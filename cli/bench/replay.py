@@ -214,7 +214,9 @@ def replay(
     """
     with reporting(json_output):
         from hicache_ops import interrupt
-        from hicache_ops.bench.replay import TIERS, ReplaySpec, parse_l3, parse_sweep, plot_sweep, run_report
+        from hicache_ops.bench.replay import TIERS, ReplaySpec, parse_l3
+        from hicache_ops.bench.replay_plot import plot_sweep
+        from hicache_ops.bench.replay_report import parse_sweep, run_report
         from hicache_ops.bench.replay_trace import load_trace
         from hicache_ops.sglang.versions import default_version
 

@@ -4,7 +4,8 @@ each configuration's predicted and seen cliff marked (hicache_ops/bench/multitur
 from __future__ import annotations
 
 from ..errors import InputError
-from .multiturn import LABELS, MultiturnResult
+from .multiturn import MultiturnResult
+from .multiturn_workload import LABELS
 
 
 def plot_hit_rates(result: MultiturnResult, path: str) -> str:

@@ -7,7 +7,8 @@ cached: a trace records how many tokens were generated, not which. Hit rate = ca
 tokens / prompt tokens, per tier (L1 device, L2 host, L3 store) and together.
 
 Beside it, from the same requests: the ceiling (an unbounded cache with SGLang's page rules) and
-the published-style block LRU (replay_baseline.py).
+the published-style block LRU (replay_baseline.py); the report of one configuration or a sweep
+(replay_report.py) puts them together, and replay_plot.py draws a sweep.
 
 This module is the command's only door to the engine, so re-pointing it at a new engine API is a
 change here alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
@@ -39,7 +40,6 @@ L3_MODES: tuple[str, ...] = ("none", "unbounded")
 DEFAULT_L1_TOKENS = 3_000_000
 DEFAULT_HICACHE_RATIO = 2.0
 DEFAULT_PRESET = "llama-3.1-8b"
-MAX_SWEEP_STEPS = 50
 
 # Mooncake master defaults (docs/mooncake.md#eviction): eviction starts above this share of the
 # segments in use, or after a put found no space, and frees at least this share per pass.
@@ -438,7 +438,7 @@ def replay(spec: ReplaySpec, trace: Trace, tokens: TokenSource | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
-# The command: one configuration or a sweep, with the ceiling and the baseline
+# --l3 as given on the command line
 # ---------------------------------------------------------------------------------------------
 
 
@@ -450,210 +450,3 @@ def parse_l3(text: str) -> str | int:
         return int(value.replace("_", ""))
     except ValueError:
         raise InputError(f"--l3 {text!r} must be none, unbounded or a capacity in tokens.") from None
-
-
-def parse_sweep(text: str, page_size: int) -> list[int]:
-    """FROM:TO:STEPS -> STEPS capacities in tokens, log-spaced, whole pages, distinct."""
-    parts = str(text).split(":")
-    try:
-        low, high, steps = int(float(parts[0])), int(float(parts[1])), int(parts[2])
-        if len(parts) != 3:
-            raise ValueError
-    except (ValueError, IndexError, OverflowError):
-        raise InputError(f"--sweep range {text!r} must be FROM:TO:STEPS, e.g. 500000:20000000:8.") from None
-    if not (page_size <= low < high) or not 2 <= steps <= MAX_SWEEP_STEPS:
-        raise InputError(
-            f"--sweep range {text!r} needs {page_size} <= FROM < TO and 2 <= STEPS <= {MAX_SWEEP_STEPS}."
-        )
-    points = []
-    for i in range(steps):
-        tokens = round(low * (high / low) ** (i / (steps - 1))) // page_size * page_size
-        if tokens not in points:
-            points.append(tokens)
-    return points
-
-
-# Sweep-point fields the top level states elsewhere (trace, baseline, wall_s).
-_POINT_ONLY = ("capacity_tokens", "baseline_hit_rate", "requests", "prompt_tokens", "elapsed_s")
-
-
-@dataclass
-class ReplayReport:
-    trace: Trace
-    spec: ReplaySpec
-    runs: list[ReplayRun]
-    ceiling: replay_baseline.ReferenceRun
-    baseline_unbounded: replay_baseline.ReferenceRun
-    sweep_tier: str | None = None
-    wall_s: float = 0.0
-    reference_s: float = 0.0
-    stopped_between_runs: bool = False  # a sweep's later capacities were not run
-
-    @property
-    def interrupted(self) -> bool:
-        return self.stopped_between_runs or any(run.interrupted for run in self.runs)
-
-    def _point(self, run: ReplayRun, bytes_per_token: int) -> dict:
-        prompt = run.prompt_tokens
-        baseline = run.baseline
-        return {
-            "capacity_tokens": run.pools[self.sweep_tier] if self.sweep_tier else None,
-            "hit_rate": run.hit_rate,
-            "hit_rate_of_ceiling": run.hit_rate / self.ceiling.hit_rate if self.ceiling.hit_rate else None,
-            "cached_tokens": run.cached_tokens,
-            "prefilled_tokens": prompt - run.cached_tokens,
-            "prefilled_tokens_saved": run.cached_tokens,
-            "tiers": run.tiers_json(bytes_per_token),
-            "baseline_hit_rate": baseline.hit_rate if baseline else None,
-            "requests": run.requests,
-            "prompt_tokens": prompt,
-            "elapsed_s": run.elapsed_s,
-            "interrupted": run.interrupted,
-        }
-
-    def to_json(self) -> dict:
-        from ..sglang.geometry import preset
-
-        geometry = preset(self.spec.preset)
-        bytes_per_token = geometry.bytes_per_token()
-        last = self.runs[-1]
-        first = self.runs[0]
-        points = [self._point(run, bytes_per_token) for run in self.runs]
-        data = {
-            "trace": {
-                "path": self.trace.path,
-                "format": self.trace.format,
-                "requests": len(self.trace.requests),
-                "requests_replayed": last.requests,
-                "prompt_tokens": last.prompt_tokens,
-                "span_s": (self.trace.requests[-1].timestamp - self.trace.requests[0].timestamp) / 1000,
-            },
-            "config": {**self.spec.to_json(), "bytes_per_token": bytes_per_token, "mode": "accounting",
-                       "l3_eviction": "mooncake master: lease-expired objects, oldest lease first, above a 0.90 "
-                                      "watermark" if isinstance(self.spec.l3, int) else None},
-            # One configuration: its figures; a sweep: the largest capacity's (the last point).
-            **{k: v for k, v in points[-1].items() if k not in _POINT_ONLY},
-            "ceiling_hit_rate": self.ceiling.hit_rate,
-            "ceiling_cached_tokens": self.ceiling.cached_tokens,
-            "baseline": {
-                "policy": "block LRU, 512-token blocks, longest cached prefix",
-                "capacity_tokens": first.spec.baseline_capacity() if not self.sweep_tier else None,
-                "hit_rate": last.baseline.hit_rate if last.baseline else None,
-                "evictions": last.baseline.evictions if last.baseline else None,
-                "unbounded_hit_rate": self.baseline_unbounded.hit_rate,
-            },
-            "wall_s": self.wall_s,
-            "replay_s": sum(run.elapsed_s for run in self.runs),
-            "reference_s": self.reference_s,
-            "interrupted": self.interrupted,
-        }
-        if self.sweep_tier:
-            data["sweep"] = self.sweep_tier
-            data["points"] = points
-        return data
-
-
-def run_report(spec: ReplaySpec, trace: Trace, *, sweep_tier: str | None = None,
-               capacities: list[int] | None = None, progress: Progress | None = None) -> ReplayReport:
-    """One configuration, or one per capacity of `sweep_tier`; each with its block LRU beside it,
-    and the ceiling and the unbounded block LRU once over the requests replayed."""
-    t0 = time.perf_counter()
-    specs = [spec] if sweep_tier is None else [spec.with_tier(sweep_tier, c) for c in capacities]
-    for s in specs:
-        s.validate()
-        check_fits(s, trace)
-    tokens = TokenSource(trace)
-    runs: list[ReplayRun] = []
-    reference_s = 0.0
-    stopped_between_runs = False
-    for number, s in enumerate(specs, 1):
-        run = replay(s, trace, tokens, progress, (number, len(specs)))
-        replayed = trace.head(run.requests)
-        t = time.perf_counter()
-        run.baseline = replay_baseline.block_lru(replayed, s.baseline_capacity())
-        reference_s += time.perf_counter() - t
-        runs.append(run)
-        if run.interrupted:
-            break
-        if interrupt.requested() and number < len(specs):
-            stopped_between_runs = True
-            break
-    replayed = trace.head(runs[-1].requests)
-    t = time.perf_counter()
-    ceiling = replay_baseline.ceiling(replayed, spec.page_size)
-    unbounded = replay_baseline.block_lru(replayed, None)
-    reference_s += time.perf_counter() - t
-    return ReplayReport(trace, spec, runs, ceiling, unbounded, sweep_tier, wall_s=time.perf_counter() - t0,
-                        reference_s=reference_s, stopped_between_runs=stopped_between_runs)
-
-
-# ---------------------------------------------------------------------------------------------
-# The plot
-# ---------------------------------------------------------------------------------------------
-
-
-def readable_tokens(n: float) -> str:
-    if n >= 10**6:
-        text = f"{n / 1e6:.1f}".rstrip("0").rstrip(".")
-        return f"{text}M"
-    if n >= 10**3:
-        return f"{n / 1e3:.0f}K"
-    return f"{n:.0f}"
-
-
-def plot_sweep(data: dict, path: str) -> str:
-    """Hit rate against the swept tier's capacity: all tiers together, each tier's share, the
-    block LRU at the same capacity, and the unbounded marks (Figure 9 of the FAST'25 paper)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-    except ImportError:
-        raise InputError("--plot needs matplotlib, which is not installed.",
-                         hint="pip install matplotlib, or drop --plot.") from None
-    points = data["points"]
-    tier = data["sweep"]
-    x = [p["capacity_tokens"] for p in points]
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=120)
-    ax.plot(x, [100 * p["hit_rate"] for p in points], color="black", marker="o", linewidth=2.2,
-            label="replay, all tiers (SGLang rules)")
-    colors = {"l1": "tab:red", "l2": "tab:orange", "l3": "tab:blue"}
-    contributing = [t for t in TIERS if any(p["tiers"][t]["cached_tokens"] for p in points)]
-    for t in contributing if len(contributing) > 1 else ():
-        shares = [100 * p["tiers"][t]["hit_rate"] for p in points]
-        if any(shares):
-            ax.plot(x, shares, color=colors[t], marker=".", linewidth=1.2, label=f"  of which {TIER_LABELS[t]}")
-    ax.plot(x, [100 * p["baseline_hit_rate"] for p in points], color="tab:green", linestyle="--", marker="s",
-            markersize=3, linewidth=1.2, label="block LRU (512-token blocks)")
-    ax.axhline(100 * data["ceiling_hit_rate"], color="black", linestyle=":", linewidth=1,
-               label=f"unbounded, SGLang pages ({100 * data['ceiling_hit_rate']:.1f}%)")
-    ax.axhline(100 * data["baseline"]["unbounded_hit_rate"], color="tab:green", linestyle=":", linewidth=1,
-               label=f"unbounded, block LRU ({100 * data['baseline']['unbounded_hit_rate']:.1f}%)")
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(FixedLocator(x))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: readable_tokens(v)))
-    ax.set_xlabel(f"{TIER_LABELS[tier]} capacity (tokens)")
-    ax.set_ylabel("prompt-token hit rate (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(True, alpha=0.3)
-    cfg = data["config"]
-    l3 = cfg["l3"] if not isinstance(cfg["l3"], int) else readable_tokens(cfg["l3"])
-    others = {
-        "l1": f"L1 {readable_tokens(cfg['l1_tokens'])}",
-        "l2": "no L2" if cfg["hicache_ratio"] is None else f"L2 {cfg['hicache_ratio']:g} x L1",
-        "l3": f"L3 {l3}",
-    }
-    fixed = ", ".join(v for k, v in others.items() if k != tier)
-    ax.set_title(
-        f"{data['trace']['requests_replayed']:,} requests of {data['trace']['path'].rsplit('/', 1)[-1]}, "
-        f"page {cfg['page_size']}, {cfg['write_policy']}; {fixed}",
-        fontsize=9,
-    )
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path

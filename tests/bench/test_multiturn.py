@@ -8,7 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from hicache_ops.bench.multiturn import CONFIGS, MultiturnSpec, run_config, run_multiturn
+from hicache_ops.bench.multiturn import run_multiturn
+from hicache_ops.bench.multiturn_config_run import run_config
+from hicache_ops.bench.multiturn_workload import CONFIGS, MultiturnSpec
 from cli_runner import hicache
 
 
@@ -190,7 +192,7 @@ def test_real_bytes_and_accounting_make_the_same_decisions():
 
 
 def test_workload_histories_differ_and_are_seeded():
-    from hicache_ops.bench.multiturn import workload_tokens
+    from hicache_ops.bench.multiturn_workload import workload_tokens
 
     spec = MultiturnSpec(clients=3, rounds=2, new_tokens=32, output_tokens=4, page_size=16)
     a, b = workload_tokens(spec), workload_tokens(spec)

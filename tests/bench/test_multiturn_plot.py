@@ -8,8 +8,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from hicache_ops.bench.multiturn import MultiturnSpec, run_multiturn  # noqa: E402
+from hicache_ops.bench.multiturn import run_multiturn  # noqa: E402
 from hicache_ops.bench.multiturn_plot import hit_rate_figure  # noqa: E402
+from hicache_ops.bench.multiturn_workload import MultiturnSpec  # noqa: E402
 
 
 def test_plot_has_integer_ticks_outside_legend_distinct_styles_and_annotated_cliffs():

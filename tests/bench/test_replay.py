@@ -20,7 +20,8 @@ import pytest
 from cli_runner import hicache
 from serve_process import HICACHE
 from hicache_ops.bench import replay_baseline
-from hicache_ops.bench.replay import MooncakeEvictingL3, ReplaySpec, parse_sweep, replay
+from hicache_ops.bench.replay import MooncakeEvictingL3, ReplaySpec, replay
+from hicache_ops.bench.replay_report import parse_sweep
 from hicache_ops.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, load_trace
 from hicache_ops.sglang.keys import page_keys
 from hicache_ops.sglang.versions import V0_5_23

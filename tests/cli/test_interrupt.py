@@ -15,6 +15,9 @@ import time
 import pytest
 from serve_process import HICACHE, pid_alive
 
+# How long a signalled command may take to exit before the test calls it hung.
+HANG_GUARD_S = 120
+
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_trace_step_stops_on_a_signal(sig):
@@ -29,9 +32,10 @@ def test_trace_step_stops_on_a_signal(sig):
             assert proc.poll() is None, line
         children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         proc.send_signal(sig)
-        sent = time.monotonic()
-        code = proc.wait(timeout=60)
-        assert time.monotonic() - sent < 10
+        try:  # a hang guard, not a speed check: the wait is bounded, its length asserts nothing
+            code = proc.wait(timeout=HANG_GUARD_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"trace write --step was still running {HANG_GUARD_S} s after {sig.name}: the signal did not stop it")
         assert code == 130
         err = proc.stderr.read()
         assert "interrupted" in err and "Traceback" not in err
