@@ -42,8 +42,12 @@ $(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
 
 sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
 
+# Everything the tests write (pytest's folders, every TMPDIR user, the libraries SGLang imports)
+# stays under .cache/pytest, emptied at the start of each run: nothing is left in /tmp.
+TEST_TMP := $(CURDIR)/.cache/pytest
 test: install sglang-0.5.14
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
+	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS)
 
 # The main job: the embedded tiered cache (L1/L2/L3 with a Mooncake master) on 127.0.0.1:18080.
 SERVE_ARGS ?=
