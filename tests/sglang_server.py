@@ -10,6 +10,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+def write_tiny_model(folder) -> str:
+    """A model folder with only a tiny Llama config.json: what SGLang's argument parsing and
+    server-info code read (no weights are loaded). Returns its path."""
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))  # fmt: skip
+    return str(folder)
+
+
 def body_0_5_23(argv: list[str], scheduler_info: dict) -> dict:
     """0.5.23's /server_info body for `argv`, as its http_server.py builds it: `build_server_info`
     (the resolved arguments and the scheduler's start-up info) plus the route's own fields, through

@@ -30,7 +30,7 @@ from hicache_ops.mooncake.store import StoreClient
 from hicache_ops.sglang.keys import Deployment
 from hicache_ops.sglang.l3_layout import flat_suffixes, parse_l3_layout, rule_disagreements
 from hicache_ops.sglang.pools import PoolSpec, pool_suffixes
-from sglang_server import FakeRoutes, HttpServer, body_0_5_23, json_route
+from sglang_server import FakeRoutes, HttpServer, body_0_5_23, json_route, write_tiny_model
 
 PAGE = 16
 PAGES = 6
@@ -112,12 +112,7 @@ def route_reply(stores) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))  # fmt: skip
-    return str(path)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import free_port
 from hicache_ops.sglang.server_info import interpret, resolve_from_server
 from sglang_0_5_14 import run_0_5_14
-from sglang_server import HttpServer, body_0_5_23, json_route
+from sglang_server import HttpServer, body_0_5_23, json_route, write_tiny_model
 
 # A deployment whose key prefix, split heads and host layout all come from the server.
 LAUNCH = [
@@ -54,12 +54,7 @@ RESULT = jsonable_encoder({
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-model")
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))  # fmt: skip
-    return str(path)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="module")
