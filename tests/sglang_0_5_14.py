@@ -128,3 +128,19 @@ def _read_result(proc: subprocess.Popen, errors, deadline: float) -> Any:
     errors.seek(0)
     tail = errors.read()[-4000:].decode(errors="replace")
     raise AssertionError(f"SGLang 0.5.14 child gave no result (exit {proc.returncode}):\n{tail}")
+
+
+def draw(strategy, count: int) -> list:
+    """`count` examples of `strategy`, drawn by hypothesis (generation only, no shrinking), to send
+    to a 0.5.14 child in one payload: one child start for all of them."""
+    from hypothesis import Phase, given, settings
+
+    out: list = []
+
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate])
+    @given(strategy)
+    def collect(example):
+        out.append(example)
+
+    collect()
+    return out

@@ -10,7 +10,6 @@ hypothesis examples are drawn here first, sent in one call, and compared one by 
 from __future__ import annotations
 
 import pytest
-from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from hicache_ops.errors import InputError
@@ -18,20 +17,7 @@ from hicache_ops.sglang.geometry import ModelGeometry
 from hicache_ops.sglang.host_pool import LAYOUTS, MLA_HOST_BUFFERS, HostPoolLayout
 from hicache_ops.sglang.keys import page_keys
 from hicache_ops.sglang.rewrites import IO_BACKENDS, resolve_layout
-from sglang_0_5_14 import run_0_5_14
-
-
-def draw(strategy, count: int) -> list:
-    """`count` examples of `strategy`, drawn by hypothesis (generation only, no shrinking)."""
-    out: list = []
-
-    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate])
-    @given(strategy)
-    def collect(example):
-        out.append(example)
-
-    collect()
-    return out
+from sglang_0_5_14 import draw, run_0_5_14
 
 
 # --- the examples -----------------------------------------------------------------------------

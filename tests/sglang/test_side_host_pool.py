@@ -17,7 +17,6 @@ import json
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from hicache_ops.errors import InputError
@@ -27,7 +26,7 @@ from hicache_ops.sglang.host_pool import HostPoolLayout
 from hicache_ops.sglang.pools import PRESETS, PoolSpec, parse_pool
 from hicache_ops.sglang.side_host_pool import side_host_pools
 from cli_runner import hicache
-from sglang_0_5_14 import run_0_5_14
+from sglang_0_5_14 import draw, run_0_5_14
 
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
@@ -40,19 +39,6 @@ from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 
 BUDGET = 1 << 40  # SGLang's own budget scope: tiny pools must not depend on this machine's free memory
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def draw(strategy, count: int) -> list:
-    """`count` examples of `strategy`, drawn by hypothesis (generation only), for the 0.5.14 child."""
-    out: list = []
-
-    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate])
-    @given(strategy)
-    def collect(example):
-        out.append(example)
-
-    collect()
-    return out
 
 
 # --- the cases (plain dicts: the 0.5.14 child gets them as JSON) --------------------------------
