@@ -48,7 +48,7 @@ def test_published_pools_follow_sglang_rules(published):
     assert pools["write_policy"] == "write_through"
 
 
-def test_published_ceiling_is_facts_h_max(published):
+def test_published_ceiling_is_the_h_max_of_docs_workloads(published):
     for entry in published["rounds"]:
         r = entry["round"]
         assert entry["ceiling"] == pytest.approx(4112 * r / (4096 * (r + 1) + 16 * r), abs=1e-12)
