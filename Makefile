@@ -1,6 +1,4 @@
 # From a fresh clone: `make test` installs everything (Debian and Python packages) and runs the tests.
-# pytest runs as .venv/bin/pytest, not `python -m pytest`: the latter puts the checkout on sys.path,
-# where the top-level kernels/ folder would shadow the PyPI package `kernels` that SGLang imports.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -64,4 +62,4 @@ gpu-check: install
 	$(PY) scripts/gpu_check.py --out gpu-check.json
 
 clean:
-	rm -rf $(VENV) .cache build *.egg-info hicache_ops/sglang/*.so
+	rm -rf $(VENV) .cache build *.egg-info src/hicache_ops/sglang/*.so

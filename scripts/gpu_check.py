@@ -42,7 +42,11 @@ def _run(cmd: list[str], timeout: float) -> dict:
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s", "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "ok": False,
+            "error": f"timed out after {timeout:.0f} s",
+            "seconds": round(time.monotonic() - started, 1),
+        }
     return {
         "ok": proc.returncode == 0,
         "exit_code": proc.returncode,
@@ -83,9 +87,20 @@ def check_serve(device: str) -> dict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hicache-gpu-check-") as logs:
         proc = subprocess.Popen(
-            [str(BIN / "hicache"), "serve", "--device", device, "--port", str(port), "--page-size", str(PAGE),
-             "--log-dir", logs],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                str(BIN / "hicache"),
+                "serve",
+                "--device",
+                device,
+                "--port",
+                str(port),
+                "--page-size",
+                str(PAGE),
+                "--log-dir",
+                logs,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = ServeClient(f"http://127.0.0.1:{port}", timeout_s=60)
         try:
@@ -120,8 +135,10 @@ def check_serve(device: str) -> dict:
         "device": device,
         "seconds": round(time.monotonic() - started, 1),
         "first": {k: first.get(k) for k in ("computed", "stored_pages", "bytes_written_to_l3")},
-        "second": {k: second.get(k) for k in ("device_hit", "host_hit", "storage_hit", "mismatched_pages",
-                                              "bytes_read_from_l3")},
+        "second": {
+            k: second.get(k)
+            for k in ("device_hit", "host_hit", "storage_hit", "mismatched_pages", "bytes_read_from_l3")
+        },
         "rank_devices": stats.get("config", {}).get("rank_devices"),
     }
 
@@ -129,8 +146,12 @@ def check_serve(device: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check.json", help="where the JSON summary goes")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: run only the serve session on the CPU (a self-test of this script)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: run only the serve session on the CPU (a self-test of this script)",
+    )
     args = parser.parse_args(argv)
     summary: dict = {"device": args.device, "steps": {}}
     if args.device == "cuda":

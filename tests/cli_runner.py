@@ -14,7 +14,7 @@ def hicache(args: list[str], **kwargs):
 
 
 def leaf_commands() -> dict[str, object]:
-    """"inspect keys" -> its command object, for every command that runs (groups excluded),
+    """ "inspect keys" -> its command object, for every command that runs (groups excluded),
     found through Typer's own introspection."""
     found: dict[str, object] = {}
 

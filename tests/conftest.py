@@ -65,7 +65,7 @@ def mooncake_master(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mooncake_segment_owner(mooncake_master):
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
 
     client = StoreClient.connect(mooncake_master.rpc_address, segment_size=256 << 20)
     try:

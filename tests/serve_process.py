@@ -26,7 +26,9 @@ class Serve:
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
                 [HICACHE, "serve", "--port", str(self.port), "--log-dir", str(tmp), *args],
-                stdout=out, stderr=subprocess.STDOUT, text=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         self.client = ServeClient(self.url)
         deadline = time.monotonic() + 90

@@ -55,9 +55,7 @@ _MARKER = "__RESULT__"
 
 def require_root() -> Path:
     if not (ROOT / "sglang" / "srt").is_dir():
-        raise AssertionError(
-            f"SGLang 0.5.14 is not unpacked at {ROOT}; run `make sglang-0.5.14` (make test does it)."
-        )
+        raise AssertionError(f"SGLang 0.5.14 is not unpacked at {ROOT}; run `make sglang-0.5.14` (make test does it).")
     return ROOT
 
 

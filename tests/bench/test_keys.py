@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from hicache_ops.bench.keys import require_same_keys
-from hicache_ops.errors import CheckFailed
-from hicache_ops.sglang.keys import page_keys
 from cli_runner import hicache
+from hicache_ops.commands.bench.key_throughput import require_same_keys
+from hicache_ops.errors import CheckFailed
+from hicache_ops.sglang.page_keys import page_keys
 
 
 def test_small_run_reports_medians_of_interleaved_runs():

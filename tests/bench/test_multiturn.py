@@ -8,11 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from hicache_ops.bench.multiturn import run_multiturn
-from hicache_ops.bench.multiturn_config_run import run_config
-from hicache_ops.bench.multiturn_workload import CONFIGS, MultiturnSpec
 from cli_runner import hicache
-
+from hicache_ops.commands.bench.multiturn import run_multiturn
+from hicache_ops.commands.bench.multiturn_config_run import run_config
+from hicache_ops.commands.bench.multiturn_workload import CONFIGS, MultiturnSpec
 
 
 def invoke(*args: str):
@@ -107,8 +106,24 @@ def test_published_prefilled_tokens(published):
 # Small runs
 # ---------------------------------------------------------------------------------------------
 
-SMALL = ["--clients", "4", "--rounds", "6", "--new-tokens", "256", "--output-tokens", "16",
-         "--page-size", "16", "--l1-rounds", "2", "--accounting-only", "--workers", "1", "--quiet"]
+SMALL = [
+    "--clients",
+    "4",
+    "--rounds",
+    "6",
+    "--new-tokens",
+    "256",
+    "--output-tokens",
+    "16",
+    "--page-size",
+    "16",
+    "--l1-rounds",
+    "2",
+    "--accounting-only",
+    "--workers",
+    "1",
+    "--quiet",
+]
 
 
 def test_small_run_json_shape(tmp_path):
@@ -153,8 +168,9 @@ def test_processes_and_one_process_agree():
 def test_write_back_keeps_l3_on_the_ceiling_and_pools_consistent():
     # write_back used to leak device pages here (a load-back's host pages were evictable while
     # write_back made host room): CapacityError at round 12. Every page leaving L1 is backed up.
-    spec = MultiturnSpec(clients=8, rounds=20, new_tokens=1024, output_tokens=16, l1_rounds=6,
-                         write_policy="write_back")
+    spec = MultiturnSpec(
+        clients=8, rounds=20, new_tokens=1024, output_tokens=16, l1_rounds=6, write_policy="write_back"
+    )
     result = run_multiturn(spec, workers=1)
     assert result.cliffs()["l1"]["leaves_ceiling"] == 6
     assert result.cliffs()["l1_l2_l3"]["leaves_ceiling"] is None
@@ -168,8 +184,9 @@ def test_write_through_selective_never_backs_up_what_l1_loses_first():
     # Backup on the second hit, one hit per request (SGLang 0.5.23 does not count a request's own
     # second insert): after the L1 cliff a new turn leaves L1 before its next request, so it never
     # reaches host or L3, and even L1+L2+L3 falls below the ceiling from that round.
-    spec = MultiturnSpec(clients=8, rounds=12, new_tokens=1024, output_tokens=16, l1_rounds=6,
-                         write_policy="write_through_selective")
+    spec = MultiturnSpec(
+        clients=8, rounds=12, new_tokens=1024, output_tokens=16, l1_rounds=6, write_policy="write_through_selective"
+    )
     result = run_multiturn(spec, workers=1)
     cliffs = result.cliffs()
     assert cliffs["l1"]["leaves_ceiling"] == cliffs["l1_l2_l3"]["leaves_ceiling"] == 6
@@ -192,7 +209,7 @@ def test_real_bytes_and_accounting_make_the_same_decisions():
 
 
 def test_workload_histories_differ_and_are_seeded():
-    from hicache_ops.bench.multiturn_workload import workload_tokens
+    from hicache_ops.commands.bench.multiturn_workload import workload_tokens
 
     spec = MultiturnSpec(clients=3, rounds=2, new_tokens=32, output_tokens=4, page_size=16)
     a, b = workload_tokens(spec), workload_tokens(spec)
@@ -255,7 +272,7 @@ def test_real_bytes_refuses_the_published_scale():
 
 def test_a_stop_request_keeps_the_rounds_finished(tmp_path):
     from hicache_ops import interrupt
-    from hicache_ops.bench.multiturn_plot import plot_hit_rates
+    from hicache_ops.commands.bench.multiturn_plot import plot_hit_rates
 
     spec = MultiturnSpec(clients=4, rounds=6, new_tokens=256, output_tokens=16, page_size=16, l1_rounds=2)
 

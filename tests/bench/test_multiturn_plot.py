@@ -8,14 +8,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from hicache_ops.bench.multiturn import run_multiturn  # noqa: E402
-from hicache_ops.bench.multiturn_plot import hit_rate_figure  # noqa: E402
-from hicache_ops.bench.multiturn_workload import MultiturnSpec  # noqa: E402
+from hicache_ops.commands.bench.multiturn import run_multiturn  # noqa: E402
+from hicache_ops.commands.bench.multiturn_plot import hit_rate_figure  # noqa: E402
+from hicache_ops.commands.bench.multiturn_workload import MultiturnSpec  # noqa: E402
 
 
 def test_plot_has_integer_ticks_outside_legend_distinct_styles_and_annotated_cliffs():
-    spec = MultiturnSpec(clients=8, rounds=30, new_tokens=4096, output_tokens=16, page_size=64, l1_rounds=6,
-                         accounting_only=True)
+    spec = MultiturnSpec(
+        clients=8, rounds=30, new_tokens=4096, output_tokens=16, page_size=64, l1_rounds=6, accounting_only=True
+    )
     result = run_multiturn(spec, workers=1)
     fig = hit_rate_figure(result)
     try:

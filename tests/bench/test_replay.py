@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from cli_runner import hicache
-from serve_process import HICACHE
-from hicache_ops.bench import replay_baseline
-from hicache_ops.bench.replay import MooncakeEvictingL3, ReplaySpec, replay
-from hicache_ops.bench.replay_report import parse_sweep
-from hicache_ops.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, load_trace
-from hicache_ops.sglang.keys import page_keys
+from hicache_ops.commands.bench import replay_baseline
+from hicache_ops.commands.bench.replay import MooncakeEvictingL3, ReplaySpec, replay
+from hicache_ops.commands.bench.replay_report import parse_sweep
+from hicache_ops.commands.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, load_trace
+from hicache_ops.sglang.page_keys import page_keys
 from hicache_ops.sglang.versions import V0_5_23
+from serve_process import HICACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = ROOT / "tests" / "data" / "mooncake_fast25_synthetic_head300.jsonl"
@@ -50,9 +50,16 @@ def mooncake_line(ts, ids, length=None, output=1):
 
 
 def test_equal_ids_give_equal_tokens_and_page_keys_up_to_the_first_different_id(tmp_path):
-    trace = load_trace(write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(0, [7, 8, 9]), mooncake_line(1, [7, 8, 10]), mooncake_line(2, [8, 7, 9]),
-    ]))
+    trace = load_trace(
+        write_lines(
+            tmp_path / "t.jsonl",
+            [
+                mooncake_line(0, [7, 8, 9]),
+                mooncake_line(1, [7, 8, 10]),
+                mooncake_line(2, [8, 7, 9]),
+            ],
+        )
+    )
     source = TokenSource(trace)
     a, b, c = (source.tokens(r) for r in trace.requests)
     assert a.size == b.size == c.size == 3 * 512
@@ -66,10 +73,16 @@ def test_equal_ids_give_equal_tokens_and_page_keys_up_to_the_first_different_id(
 
 
 def test_partial_last_block_is_a_prefix_of_the_full_block_and_its_partial_page_is_not_cached(tmp_path):
-    trace = load_trace(write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(0, [1, 2], length=1000), mooncake_line(5, [1, 2], length=1024),
-        mooncake_line(9, [1, 2], length=1000),
-    ]))
+    trace = load_trace(
+        write_lines(
+            tmp_path / "t.jsonl",
+            [
+                mooncake_line(0, [1, 2], length=1000),
+                mooncake_line(5, [1, 2], length=1024),
+                mooncake_line(9, [1, 2], length=1000),
+            ],
+        )
+    )
     source = TokenSource(trace)
     short, full, _ = (source.tokens(r) for r in trace.requests)
     assert short.size == 1000 and np.array_equal(short, full[:1000])
@@ -97,14 +110,18 @@ def test_mooncake_page_ids_stand_for_sglang_page_keys_exactly():
 
 def test_tokens_format_keeps_namespaces_apart(tmp_path):
     ids = list(range(100, 228))
-    path = write_lines(tmp_path / "t.jsonl", [
-        {"input_ids": ids, "timestamp": 0},
-        {"input_ids": ids, "timestamp": 1, "extra_key": "tenant-a"},
-        {"input_ids": ids, "timestamp": 2, "extra_key": "tenant-a", "output_length": 4},
-        {"input_ids": ids, "timestamp": 3},
-    ])
-    result = invoke(path, "--l1-tokens", "1024", "--l2-tokens", "0", "--l3", "none", "--page-size", "16",
-                    "--json", "--quiet")
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            {"input_ids": ids, "timestamp": 0},
+            {"input_ids": ids, "timestamp": 1, "extra_key": "tenant-a"},
+            {"input_ids": ids, "timestamp": 2, "extra_key": "tenant-a", "output_length": 4},
+            {"input_ids": ids, "timestamp": 3},
+        ],
+    )
+    result = invoke(
+        path, "--l1-tokens", "1024", "--l2-tokens", "0", "--l3", "none", "--page-size", "16", "--json", "--quiet"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["trace"]["format"] == "tokens"
@@ -120,10 +137,18 @@ def test_tokens_format_keeps_namespaces_apart(tmp_path):
 
 
 def test_requests_replay_in_timestamp_order_and_equal_timestamps_form_one_group(tmp_path):
-    trace = load_trace(write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(30, [5]), mooncake_line(10, [1]), mooncake_line(20, [2]), mooncake_line(10, [3]),
-        mooncake_line(20.0, [4]),
-    ]))
+    trace = load_trace(
+        write_lines(
+            tmp_path / "t.jsonl",
+            [
+                mooncake_line(30, [5]),
+                mooncake_line(10, [1]),
+                mooncake_line(20, [2]),
+                mooncake_line(10, [3]),
+                mooncake_line(20.0, [4]),
+            ],
+        )
+    )
     assert [r.line for r in trace.requests] == [2, 4, 3, 5, 1]  # stable: file order breaks ties
     assert [[r.line for r in g] for g in trace.groups()] == [[2, 4], [3, 5], [1]]
 
@@ -223,9 +248,25 @@ def test_sigint_prints_the_figures_so_far_and_exits_130():
     trace = shared_traces() / TRACE_NAME
     # Twenty three-tier runs over the whole trace: far longer than the 5 s to the first progress
     # line, so the signal lands midway.
-    proc = subprocess.Popen([HICACHE, "bench", "replay", str(trace), "--l1-tokens", "1000000", "--l2-tokens",
-                             "3000000", "--sweep", "l3", "3000000:48000000:20", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            HICACHE,
+            "bench",
+            "replay",
+            str(trace),
+            "--l1-tokens",
+            "1000000",
+            "--l2-tokens",
+            "3000000",
+            "--sweep",
+            "l3",
+            "3000000:48000000:20",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         progress = proc.stderr.readline()  # the first progress line, after 5 s
         assert "replayed" in progress, progress
@@ -244,8 +285,19 @@ def test_sigint_prints_the_figures_so_far_and_exits_130():
 
 def test_sweep_plot_is_written(tmp_path):
     png = tmp_path / "sweep.png"
-    result = invoke(str(SLICE), "--quiet", "--l1-tokens", "150000", "--l3", "none", "--sweep", "l2",
-                    "300000:1200000:3", "--plot", str(png))
+    result = invoke(
+        str(SLICE),
+        "--quiet",
+        "--l1-tokens",
+        "150000",
+        "--l3",
+        "none",
+        "--sweep",
+        "l2",
+        "300000:1200000:3",
+        "--plot",
+        str(png),
+    )
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot:" in result.stdout
@@ -257,10 +309,17 @@ def test_sweep_plot_is_written(tmp_path):
 
 
 def test_block_lru_keeps_the_most_recent_blocks(tmp_path):
-    trace = load_trace(write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(0, [1, 2]), mooncake_line(1, [3, 4]), mooncake_line(2, [1, 2, 5], length=1100),
-        mooncake_line(3, [3, 4]),
-    ]))
+    trace = load_trace(
+        write_lines(
+            tmp_path / "t.jsonl",
+            [
+                mooncake_line(0, [1, 2]),
+                mooncake_line(1, [3, 4]),
+                mooncake_line(2, [1, 2, 5], length=1100),
+                mooncake_line(3, [3, 4]),
+            ],
+        )
+    )
     # Capacity 4 blocks: request 3 hits [1, 2] and brings 5 in, evicting 3 (the oldest);
     # request 4 then misses on block 3 at once (block 4 is still there, but not as a prefix),
     # and bringing 3 back evicts 1.

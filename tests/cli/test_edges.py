@@ -11,12 +11,12 @@ import tempfile
 import time
 
 import pytest
-from serve_process import HICACHE
 
 from cli_runner import hicache
 from hicache_ops.errors import UnreachableError
 from hicache_ops.mooncake.net import free_port
 from hicache_ops.server.client import ServeClient
+from serve_process import HICACHE
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,9 @@ def test_serve_usage_errors_are_exit_2(tmp_path, args, fragment):
     afile = tmp_path / "a-file"
     afile.write_text("")
     args = [a.format(file=afile, folder=tmp_path) for a in args]
-    proc = subprocess.run([HICACHE, "serve", "--port", str(free_port()), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [HICACHE, "serve", "--port", str(free_port()), *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr
 
@@ -66,8 +68,12 @@ def test_serve_usage_errors_are_exit_2(tmp_path, args, fragment):
 def test_serve_removes_its_temporary_logs_unless_kept(tmp_path):
     for keep in (False, True):
         port = free_port()
-        proc = subprocess.Popen([HICACHE, "serve", "--port", str(port), "--device-tokens", "256", *(["--keep-logs"] if keep else [])],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [HICACHE, "serve", "--port", str(port), "--device-tokens", "256", *(["--keep-logs"] if keep else [])],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 90
             while True:

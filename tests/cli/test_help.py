@@ -41,7 +41,7 @@ def test_every_example_parses(path):
     command = leaf_commands()[path]
     for line in examples(help_text(path)):
         words = shlex.split(line)
-        words = words[words.index("hicache") + 1 + len(path.split()):]
+        words = words[words.index("hicache") + 1 + len(path.split()) :]
         command.make_context(path, words)  # raises Typer's usage error on a stale flag
 
 

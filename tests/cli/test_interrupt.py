@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import pytest
+
 from serve_process import HICACHE, pid_alive
 
 # How long a signalled command may take to exit before the test calls it hung.
@@ -22,8 +23,13 @@ HANG_GUARD_S = 120
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_trace_step_stops_on_a_signal(sig):
     tokens = ",".join(str(t) for t in range(1000, 1064))
-    proc = subprocess.Popen([HICACHE, "trace", "write", "--tokens", tokens, "--step"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [HICACHE, "trace", "write", "--tokens", tokens, "--step"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         line = ""
@@ -35,7 +41,9 @@ def test_trace_step_stops_on_a_signal(sig):
         try:  # a hang guard, not a speed check: the wait is bounded, its length asserts nothing
             code = proc.wait(timeout=HANG_GUARD_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"trace write --step was still running {HANG_GUARD_S} s after {sig.name}: the signal did not stop it")
+            pytest.fail(
+                f"trace write --step was still running {HANG_GUARD_S} s after {sig.name}: the signal did not stop it"
+            )
         assert code == 130
         err = proc.stderr.read()
         assert "interrupted" in err and "Traceback" not in err
@@ -58,8 +66,9 @@ def test_trace_step_stops_on_a_signal(sig):
 def _start_until(argv: list[str], marker: str) -> tuple[subprocess.Popen, list[str]]:
     """Start `hicache ARGV` in its own process group; return once a stderr line contains `marker`
     (its loop is running), with the PIDs of its children at that moment."""
-    proc = subprocess.Popen([HICACHE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [HICACHE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     seen = []
     while not any(marker in line for line in seen):
         line = proc.stderr.readline()  # ends: the command prints progress, or exits and closes stderr
@@ -69,8 +78,9 @@ def _start_until(argv: list[str], marker: str) -> tuple[subprocess.Popen, list[s
     return proc, children
 
 
-def _stop(proc: subprocess.Popen, children: list[str], *, whole_group: bool = False,
-          sig: signal.Signals = signal.SIGINT) -> tuple[str, str]:
+def _stop(
+    proc: subprocess.Popen, children: list[str], *, whole_group: bool = False, sig: signal.Signals = signal.SIGINT
+) -> tuple[str, str]:
     """`sig` (to the process, or to its group as a terminal's Ctrl-C does); its output once it
     exited 130, having taken down every child it had."""
     try:
@@ -93,8 +103,21 @@ def _stop(proc: subprocess.Popen, children: list[str], *, whole_group: bool = Fa
             proc.communicate()
 
 
-MULTITURN = ["bench", "multiturn", "--accounting-only", "--clients", "16", "--rounds", "1000", "--new-tokens", "256",
-             "--output-tokens", "16", "--l1-rounds", "100"]
+MULTITURN = [
+    "bench",
+    "multiturn",
+    "--accounting-only",
+    "--clients",
+    "16",
+    "--rounds",
+    "1000",
+    "--new-tokens",
+    "256",
+    "--output-tokens",
+    "16",
+    "--l1-rounds",
+    "100",
+]
 
 
 def test_bench_multiturn_ctrl_c_reports_the_rounds_each_worker_finished():
@@ -140,8 +163,9 @@ def test_bench_keys_ctrl_c_reports_the_runs_finished():
 
 
 def test_bench_store_ctrl_c_reports_the_rounds_finished_and_stops_its_master():
-    proc, children = _start_until(["bench", "store", "--case", "4x64K", "--case", "8x1M", "--repeats", "100000",
-                                   "--json"], "put round 1/")
+    proc, children = _start_until(
+        ["bench", "store", "--case", "4x64K", "--case", "8x1M", "--repeats", "100000", "--json"], "put round 1/"
+    )
     assert children  # the embedded mooncake_master
     out, _ = _stop(proc, children)
     data = json.loads(out)

@@ -50,8 +50,21 @@ def test_json_mode_keeps_each_commands_exit_code(mooncake_master):
     unknown = hicache(["playbook", "show", "no-such-book", "--json"])
     assert unknown.exit_code == 2 and json.loads(unknown.stdout)["error"]["code"] == "input_error"
     # Nothing was written under this prompt: the live diff finds it incomplete (exit 1).
-    incomplete = hicache(["inspect", "keys", "--tokens", "7,7,7,7", "--page-size", "2", "--model-name", "json-errors/none",
-                          "--master", mooncake_master.metrics_address, "--json"])
+    incomplete = hicache(
+        [
+            "inspect",
+            "keys",
+            "--tokens",
+            "7,7,7,7",
+            "--page-size",
+            "2",
+            "--model-name",
+            "json-errors/none",
+            "--master",
+            mooncake_master.metrics_address,
+            "--json",
+        ]
+    )
     assert incomplete.exit_code == 1, incomplete.output
     assert json.loads(incomplete.stdout)["contiguous_pages"] == 0
 
@@ -60,7 +73,9 @@ def test_console_script_prints_the_json_error_too():
     """The installed entry point (`run`) goes through the same root group as the tests' runner."""
     proc = subprocess.run(
         [sys.executable, "-c", "from hicache_ops.cli.main import run; run()", "inspect", "keys", "--nope", "--json"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
     assert "--nope" in json.loads(proc.stdout)["error"]["message"]

@@ -15,10 +15,16 @@ DIFFERENT_ON_PURPOSE = {
     ("--layout", "bench kernels"): "repeatable: the host layouts to measure, not one deployment's layout",
     ("--l3", "bench replay"): "a simulated L3's capacity, where serve's --l3 says which master backs it",
     ("--limit", "bench replay"): "how many requests of the trace to replay, not how many rows to show",
-    ("--sglang-url", "warm"): "the server to warm through (its /generate), not only the one to read the deployment from",
+    (
+        "--sglang-url",
+        "warm",
+    ): "the server to warm through (its /generate), not only the one to read the deployment from",
     ("--concurrency", "bench multiturn"): "clients arriving together, default none (one at a time, the published "
     "simulation), where warm's is prompts in flight with a default of 4",
-    ("--sglang-url", "prefetch"): "prefetch has no deployment options to fill: the serve's settings are compared with it",
+    (
+        "--sglang-url",
+        "prefetch",
+    ): "prefetch has no deployment options to fill: the serve's settings are compared with it",
     ("--sglang-url", "inspect store"): "inspect store has no deployment options to fill: the pools of the server's "
     "L3 layout are checked against the keys",
 }

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from serve_process import HICACHE, Serve
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -102,8 +103,15 @@ def test_every_readme_command_ends_with_its_exit_code(serve, tmp_path):
             env[name] = shlex.split(value, comments=True)[0]
             continue
         # stdin at EOF: an interactive walk (--step) goes on without waiting for Enter.
-        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                                capture_output=True, text=True, timeout=240)
+        result = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         want = expected_exit(line)
         assert result.returncode == want, (
             f"README.md:{number}: exit {result.returncode}, expected {want}\n{line}\n"

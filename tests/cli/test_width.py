@@ -12,9 +12,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from serve_process import HICACHE, Serve
 
-from hicache_ops.playbook import list_playbooks, load_playbook
+from hicache_ops.commands.playbook import list_playbooks, load_playbook
+from serve_process import HICACHE, Serve
 
 WIDTH = 100
 SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
@@ -107,8 +107,18 @@ def test_inspect_keys_of_128k_tokens_is_a_screenful(long_prompt):
 
 def test_inspect_keys_live_diff_puts_the_verdict_first(serve, long_prompt):
     metrics = serve.info["master_metrics_address"]
-    result = run("inspect", "keys", "--tokens-file", long_prompt, "--page-size", "16", "--model-name", "hicache/tiny",
-                 "--master", metrics)
+    result = run(
+        "inspect",
+        "keys",
+        "--tokens-file",
+        long_prompt,
+        "--page-size",
+        "16",
+        "--model-name",
+        "hicache/tiny",
+        "--master",
+        metrics,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("incomplete: contiguous prefix 0/8192 pages"), result.stdout
     assert_fits(result.stdout)

@@ -133,13 +133,22 @@ def build(config: OracleConfig):
     ps = config.page_size
     server_args = _server_args(config)
     kv_pool = MHATokenToKVPool(
-        size=config.device_tokens, page_size=ps, dtype=torch.float16, head_num=1, head_dim=4, layer_num=1,
-        device="cpu", enable_memory_saver=False,
+        size=config.device_tokens,
+        page_size=ps,
+        dtype=torch.float16,
+        head_num=1,
+        head_dim=4,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
     )
     allocator = PagedTokenToKVPoolAllocator(config.device_tokens, ps, torch.float16, "cpu", kv_pool, need_sort=False)
     req_pool = ReqToTokenPool(size=4, max_context_len=4096, device="cpu", enable_memory_saver=False)
     params = CacheInitParams(
-        disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=ps,
+        disable=False,
+        req_to_token_pool=req_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=ps,
         tree_components=(ComponentType.FULL,),
     )
     cache = UnifiedRadixCache(params)
@@ -209,8 +218,11 @@ class _Replay:
             # The leaf is split at the prompt boundary (output KV evictable apart from the prompt).
             self.cache.insert(
                 InsertParams(
-                    key=self.key(tokens[:prompt_aligned]), value=values[:prompt_aligned],
-                    prev_prefix_len=prompt_aligned, inserted_len=prompt_aligned, priority=1,
+                    key=self.key(tokens[:prompt_aligned]),
+                    value=values[:prompt_aligned],
+                    prev_prefix_len=prompt_aligned,
+                    inserted_len=prompt_aligned,
+                    priority=1,
                 )
             )
         path = self.cache.path_device_indices(result.last_device_node)
@@ -233,8 +245,13 @@ class _Replay:
         loaded = 0
         if host_hit > 0:
             handle = types.SimpleNamespace(
-                rid="oracle", last_node=last_node, swa_host_hit_length=0, mamba_host_hit_length=0,
-                priority=0, session_id=None, kv=types.SimpleNamespace(mamba_pool_idx=None),
+                rid="oracle",
+                last_node=last_node,
+                swa_host_hit_length=0,
+                mamba_host_hit_length=0,
+                priority=0,
+                session_id=None,
+                kv=types.SimpleNamespace(mamba_pool_idx=None),
             )
             loaded, node = cache.init_load_back(
                 InitLoadBackParams(best_match_node=match.best_match_node, host_hit_length=host_hit, req=handle)

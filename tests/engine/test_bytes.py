@@ -69,7 +69,7 @@ def test_refuses_pools_larger_than_memory():
 
 def test_a_corrupt_l3_page_is_counted_once(mooncake_master, mooncake_segment_owner):
     """Counted when it arrives from L3; its load-back finds the same bytes and must not count it again."""
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
 
     with StoreClient.connect(mooncake_master.rpc_address) as store:
         kw = {"model_name": "test/corrupt-once", "stop_policy": "wait_complete"}

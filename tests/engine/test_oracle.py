@@ -64,26 +64,32 @@ def replay_engine(workload: list[dict], config: OracleConfig, version: str) -> l
     from hicache_ops.engine.cache import TieredCache
     from hicache_ops.engine.config import CacheConfig
     from hicache_ops.engine.planes import AccountingPlane, MemoryL3
-    from hicache_ops.sglang.keys import ObjectKeyScheme
+    from hicache_ops.sglang.page_keys import ObjectKeyScheme
 
     ps = config.page_size
     cfg = CacheConfig(
-        page_size=ps, device_pages=config.device_tokens // ps,
+        page_size=ps,
+        device_pages=config.device_tokens // ps,
         host_pages=int(config.device_tokens * config.hicache_ratio) // ps + 1,
-        write_policy=config.write_policy, sglang_version=version, stop_policy="wait_complete",
-        prefetch_threshold=config.prefetch_threshold, eviction_policy="lru",
+        write_policy=config.write_policy,
+        sglang_version=version,
+        stop_policy="wait_complete",
+        prefetch_threshold=config.prefetch_threshold,
+        eviction_policy="lru",
     )
     l3 = MemoryL3([ObjectKeyScheme(version)], 1) if config.storage else None
     cache = TieredCache(cfg, AccountingPlane(1), l3)
     results = []
     for request in workload:
         r = cache.request(request["prompt"], request["output"])
-        results.append({
-            "device_hit": r.device_hit,
-            "host_hit": r.host_hit,
-            "storage_hit": r.storage_hit,
-            "device_evicted": r.device_evicted_pages * ps,
-        })
+        results.append(
+            {
+                "device_hit": r.device_hit,
+                "host_hit": r.host_hit,
+                "storage_hit": r.storage_hit,
+                "device_evicted": r.device_evicted_pages * ps,
+            }
+        )
     return results
 
 
@@ -118,7 +124,11 @@ FAMILIES = {
     # write_backup(write_back=True) -> evict_host, with or without storage; 0.5.23 drops the
     # subtree with a warning instead.)
     "storage": Family(
-        outputs=False, aligned=False, device_tokens=(32,), storage=True, hicache_ratios=(1.25,),
+        outputs=False,
+        aligned=False,
+        device_tokens=(32,),
+        storage=True,
+        hicache_ratios=(1.25,),
         policies=("write_through", "write_through_selective"),
     ),
 }
@@ -180,8 +190,12 @@ def _generate(family: Family) -> list[dict]:
     found: list[dict] = []
 
     @settings(
-        max_examples=WORKLOADS_PER_FAMILY, derandomize=True, deadline=None, database=None,
-        phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+        max_examples=WORKLOADS_PER_FAMILY,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
     )
     @given(revisits(family) if family.storage else workloads(family))
     def collect(workload):
@@ -205,7 +219,11 @@ def generated(family: str) -> list[dict]:
 def _config(workload: dict, policy: str, family: str) -> OracleConfig:
     storage = FAMILIES[family].storage
     return OracleConfig(
-        PAGE_SIZE, workload["device_tokens"], workload["hicache_ratio"], policy, storage=storage,
+        PAGE_SIZE,
+        workload["device_tokens"],
+        workload["hicache_ratio"],
+        policy,
+        storage=storage,
         prefetch_threshold=STORAGE_PREFETCH_THRESHOLD if storage else 256,
     )
 
@@ -234,26 +252,35 @@ _A13 = list(range(1, 14))
 EXAMPLES = {
     # A repeated whole-page prompt: the match stops at len - 1, the last page is recomputed.
     "match_cap": Example(
-        OracleConfig(PAGE_SIZE, 512, 2.0, "write_through"), (_request([1, 2, 3, 4], 1),) * 2, 1, "device_hit",
+        OracleConfig(PAGE_SIZE, 512, 2.0, "write_through"),
+        (_request([1, 2, 3, 4], 1),) * 2,
+        1,
+        "device_hit",
         {"0.5.14": 0, "0.5.23": 0},
     ),
     # 8 device pages; 19 tokens leave 4 pages in the tree; 17 unrelated tokens need 5 pages.
     "device_room": Example(
         OracleConfig(PAGE_SIZE, 32, 2.0, "write_through"),
-        (_request(range(100, 119), 1), _request(range(200, 217), 1)), 1, "device_evicted",
+        (_request(range(100, 119), 1), _request(range(200, 217), 1)),
+        1,
+        "device_evicted",
         {"0.5.14": 16, "0.5.23": 16},
     ),
     # A second turn carries the first turn's prompt and 3 of its 4 output tokens (9 cached tokens).
     "outputs": Example(
         OracleConfig(PAGE_SIZE, 512, 2.0, "write_through"),
-        (_request(range(1, 7), 4), _request(list(range(1, 7)) + [3000, 3001, 3002, 3003, 50], 1)), 1, "device_hit",
+        (_request(range(1, 7), 4), _request(list(range(1, 7)) + [3000, 3001, 3002, 3003, 50], 1)),
+        1,
+        "device_hit",
         {"0.5.14": 8, "0.5.23": 8},
     ),
     # 13 tokens and 2 output tokens: 3 pages; an unrelated 21-token prompt evicts them; the first
     # prompt again. 0.5.14 backed the 3 pages up at the first request's finish (its second insert).
     "selective_0_5_14": Example(
         OracleConfig(PAGE_SIZE, 32, 2.0, "write_through_selective"),
-        (_request(_A13, 2), _request(range(100, 121), 1), _request(_A13, 1)), 2, "host_hit",
+        (_request(_A13, 2), _request(range(100, 121), 1), _request(_A13, 1)),
+        2,
+        "host_hit",
         {"0.5.14": 12, "0.5.23": 0},
     ),
     # 11 host pages. 4- and 3-page prompts, then a 6-page one evicts both from the device; its
@@ -261,8 +288,14 @@ EXAMPLES = {
     # 0.5.23 for the 2 missing (the older prompt goes): the 3-page prompt again.
     "host_eviction_0_5_14": Example(
         OracleConfig(PAGE_SIZE, 32, 1.25, "write_through"),
-        (_request(range(300, 318), 1), _request(range(400, 414), 1), _request(range(100, 127), 1),
-         _request(range(400, 414), 1)), 3, "host_hit",
+        (
+            _request(range(300, 318), 1),
+            _request(range(400, 414), 1),
+            _request(range(100, 127), 1),
+            _request(range(400, 414), 1),
+        ),
+        3,
+        "host_hit",
         {"0.5.14": 0, "0.5.23": 12},
     ),
     # A 5-page prompt leaves the device for a 3-page one; a 2-page one leaves 3 pages free; the
@@ -270,8 +303,14 @@ EXAMPLES = {
     # prompts), 0.5.23 the 2 pages missing (the older one, 3 pages).
     "load_back_0_5_14": Example(
         OracleConfig(PAGE_SIZE, 32, 3.0, "write_through"),
-        (_request(range(500, 523), 1), _request(range(100, 115), 1), _request(range(200, 209), 1),
-         _request(range(500, 523), 1)), 3, "device_evicted",
+        (
+            _request(range(500, 523), 1),
+            _request(range(100, 115), 1),
+            _request(range(200, 209), 1),
+            _request(range(500, 523), 1),
+        ),
+        3,
+        "device_evicted",
         {"0.5.14": 20, "0.5.23": 12},
     ),
 }
@@ -339,7 +378,8 @@ class Difference:
     def describe(self) -> str:
         reqs = self.workload["requests"]
         shown = "\n".join(
-            f"  #{j}: prompt={r['prompt']} output={len(r['output'])} tokens" for j, r in enumerate(reqs[: self.request + 1])
+            f"  #{j}: prompt={r['prompt']} output={len(r['output'])} tokens"
+            for j, r in enumerate(reqs[: self.request + 1])
         )
         return (
             f"workload {self.index} (device {self.workload['device_tokens']} tokens, ratio "
@@ -364,7 +404,9 @@ def differences(version: str, family: str, policy: str, metric: str) -> list[Dif
 def check(version: str, family: str, policy: str, metric: str) -> None:
     found = differences(version, family, policy, metric)
     if found:
-        smallest = min(found, key=lambda d: (d.request, sum(len(r["prompt"]) for r in d.workload["requests"][: d.request + 1])))
+        smallest = min(
+            found, key=lambda d: (d.request, sum(len(r["prompt"]) for r in d.workload["requests"][: d.request + 1]))
+        )
         pytest.fail(
             f"{len(found)} of {len(generated(family))} workloads differ from SGLang {version} ({policy}, {metric}); "
             f"the smallest:\n{smallest.describe()}",
@@ -404,6 +446,7 @@ def test_workloads_exercise_the_tiers(family):
 
 
 # -- SGLang vs the engine ---------------------------------------------------------------------
+
 
 def _cases():
     for version in VERSIONS:

@@ -7,11 +7,11 @@ import pytest
 
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
+from hicache_ops.engine.page_pools import CapacityError
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
-from hicache_ops.engine.pools import CapacityError
-from hicache_ops.sglang.policy import TimeoutBudget
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.keys import ObjectKeyScheme
+from hicache_ops.sglang.page_keys import ObjectKeyScheme
+from hicache_ops.sglang.policy import TimeoutBudget
 
 PS = 4
 
@@ -146,7 +146,9 @@ def test_timeout_budgets_per_version():
     assert TimeoutBudget().seconds("0.5.14", requested_tokens=8192, hit_tokens=1024) == pytest.approx(2.1)
     assert TimeoutBudget().seconds("0.5.14", requested_tokens=0, hit_tokens=10 * 2**20) == pytest.approx(30.0)
     assert TimeoutBudget().seconds("0.5.23", requested_tokens=1024, hit_tokens=0) == pytest.approx(1.25)
-    assert TimeoutBudget().seconds("0.5.23", requested_tokens=10 * 2**20, hit_tokens=1024) == pytest.approx(1.0 + 0.25 * 10 * 1024)
+    assert TimeoutBudget().seconds("0.5.23", requested_tokens=10 * 2**20, hit_tokens=1024) == pytest.approx(
+        1.0 + 0.25 * 10 * 1024
+    )
     capped = TimeoutBudget(base=0.5, per_ki_token=0.0, maximum=0.2)
     assert capped.seconds("0.5.14", requested_tokens=4096, hit_tokens=4096) == pytest.approx(0.2)
     assert capped.seconds("0.5.23", requested_tokens=4096, hit_tokens=4096) == pytest.approx(0.5)

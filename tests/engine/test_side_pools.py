@@ -14,13 +14,13 @@ import json
 import numpy as np
 import pytest
 
+from hicache_ops.commands.inspect.key_listing import expected_keys
+from hicache_ops.commands.inspect.live_diff import loadable_prefix as inspect_loadable_prefix
 from hicache_ops.engine.builder import EngineSpec, build_accounting, build_bytes
 from hicache_ops.errors import InputError
-from hicache_ops.inspect.keys import expected_keys
-from hicache_ops.inspect.live_diff import loadable_prefix as inspect_loadable_prefix
-from hicache_ops.mooncake.store import StoreClient
+from hicache_ops.mooncake.store_client import StoreClient
 from hicache_ops.sglang.geometry import preset
-from hicache_ops.sglang.pools import side_pools_for
+from hicache_ops.sglang.side_pool_specs import side_pools_for
 from sglang_0_5_14 import run_0_5_14
 
 PAGE = 16
@@ -34,8 +34,14 @@ def tokens(base: int) -> list[int]:
 def spec_for(version: str, pool_preset: str, geometry: str = "tiny", tp_size: int = 1) -> EngineSpec:
     geo = preset(geometry)
     return EngineSpec(
-        geometry=geo, page_size=PAGE, device_tokens=1024, prefetch_threshold=64, stop_policy="wait_complete",
-        sglang_version=version, model_name=None, tp_size=tp_size,
+        geometry=geo,
+        page_size=PAGE,
+        device_tokens=1024,
+        prefetch_threshold=64,
+        stop_policy="wait_complete",
+        sglang_version=version,
+        model_name=None,
+        tp_size=tp_size,
         side_pools=side_pools_for(None, pool_preset, version, geo.mla, PAGE),
     )
 
@@ -60,7 +66,9 @@ def test_memory_l3_writes_one_mamba_state_per_node_and_answers_batch_exists_v2(v
     held = cache.l3.objects
     # Every KV object of every page; the Mamba objects (temporal, conv_0) of each node's last page only.
     kv = {k for row in report.pages for k, pool in zip(row.object_keys, row.object_pools) if pool == "kv"}
-    mamba = {(row.index, k) for row in report.pages for k, pool in zip(row.object_keys, row.object_pools) if pool == "mamba"}
+    mamba = {
+        (row.index, k) for row in report.pages for k, pool in zip(row.object_keys, row.object_pools) if pool == "mamba"
+    }
     assert held == kv | {k for i, k in mamba if i in (HALF - 1, PAGES - 1)}
     assert cache.stats.l3_side_objects_written == 4
 
@@ -70,7 +78,11 @@ def test_memory_l3_writes_one_mamba_state_per_node_and_answers_batch_exists_v2(v
         present = [[k in present_keys for k in row.object_keys] for row in report.pages]
         theirs = inspect_loadable_prefix(report, spec.deployment(), present)
         assert (ours.pages, ours.kv_pages, ours.restorable, ours.pool_hit_pages) == (
-            theirs.pages, theirs.kv_pages, theirs.restorable, theirs.pool_hit_pages)
+            theirs.pages,
+            theirs.kv_pages,
+            theirs.restorable,
+            theirs.pool_hit_pages,
+        )
         return ours
 
     everything = set(held)
@@ -88,7 +100,12 @@ def test_memory_l3_writes_one_mamba_state_per_node_and_answers_batch_exists_v2(v
 def test_memory_l3_all_pages_pool_and_every_rank():
     """An MHA draft pool is per rank and all_pages: each of 2 ranks writes it on every page."""
     spec = spec_for("0.5.23", "gpt-oss", tp_size=2)  # SWA window 128 tokens = 8 pages at page 16
-    spec = EngineSpec(**{**spec.__dict__, "side_pools": spec.side_pools + side_pools_for(["draft:attention=mha"], None, "0.5.23", False, PAGE)})
+    spec = EngineSpec(
+        **{
+            **spec.__dict__,
+            "side_pools": spec.side_pools + side_pools_for(["draft:attention=mha"], None, "0.5.23", False, PAGE),
+        }
+    )
     cache = build_accounting(spec)
     prompt = tokens(20_000)
     keys = write_two_nodes(cache, prompt)
@@ -107,7 +124,9 @@ def test_preset_of_the_other_attention_kind_is_refused():
     with pytest.raises(InputError, match="needs SGLang 0.5.23"):
         side_pools_for(None, "deepseek-v3.2-mtp", "0.5.14", True, PAGE)
     with pytest.raises(InputError, match="no pool 'draft_swa'"):
-        EngineSpec(side_pools=side_pools_for(["draft_swa"], None, "0.5.14", False, PAGE), sglang_version="0.5.14").check_side_pools()
+        EngineSpec(
+            side_pools=side_pools_for(["draft_swa"], None, "0.5.14", False, PAGE), sglang_version="0.5.14"
+        ).check_side_pools()
 
 
 # -- real bytes on the real master, SGLang's batch_exists_v2 as the oracle --------------------------
@@ -157,8 +176,14 @@ store.store.close()
 
 
 def sglang_batch_exists_v2(version: str, master, pools: list[str], mla: bool, queries: dict) -> dict:
-    extra = {"master_server_address": master.rpc_address, "metadata_server": master.metadata_server, "protocol": "tcp",
-             "device_name": "", "global_segment_size": 16 << 20, "local_hostname": "127.0.0.1"}
+    extra = {
+        "master_server_address": master.rpc_address,
+        "metadata_server": master.metadata_server,
+        "protocol": "tcp",
+        "device_name": "",
+        "global_segment_size": 16 << 20,
+        "local_hostname": "127.0.0.1",
+    }
     payload = {"extra": extra, "pools": pools, "mla": mla, "queries": queries}
     if version == "0.5.14":
         return run_0_5_14(ORACLE, payload)
@@ -188,8 +213,9 @@ def test_engine_lookup_matches_sglang_batch_exists_v2(mooncake_master, version, 
         assert gone and all(o["present"] for o in cache.l3.side_presence(damaged, PAGES)[0][pools[0]][PAGES - 1])
         store.remove_keys(gone, prefix=damaged[-1], force=True)
         ours = {"whole": cache.l3.lookup(whole), "damaged": cache.l3.lookup(damaged)}
-        theirs = sglang_batch_exists_v2(version, mooncake_master, pools, spec.geometry.mla,
-                                        {"whole": whole, "damaged": damaged})
+        theirs = sglang_batch_exists_v2(
+            version, mooncake_master, pools, spec.geometry.mla, {"whole": whole, "damaged": damaged}
+        )
         for name, found in ours.items():
             got = theirs[name]
             assert found.pages == got["pages"], (version, case, name, got)

@@ -13,7 +13,7 @@ from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.planes import AccountingPlane, MemoryL3
 from hicache_ops.engine.scheduler import run_wave
-from hicache_ops.sglang.keys import ObjectKeyScheme
+from hicache_ops.sglang.page_keys import ObjectKeyScheme
 
 PS = 4
 
@@ -56,8 +56,13 @@ requests = st.lists(
 )
 def test_invariants_after_random_requests(reqs, write_policy, version, eviction, concurrent):
     cfg = CacheConfig(
-        page_size=PS, device_pages=24, host_pages=40, prefetch_threshold=4, write_policy=write_policy,
-        sglang_version=version, eviction_policy=eviction,
+        page_size=PS,
+        device_pages=24,
+        host_pages=40,
+        prefetch_threshold=4,
+        write_policy=write_policy,
+        sglang_version=version,
+        eviction_policy=eviction,
     )
     cache = TieredCache(cfg, AccountingPlane(64), MemoryL3([ObjectKeyScheme(version)], 64))
     # Conversations share prefixes: a request is a conversation's first `turn` turns plus a new tail.

@@ -12,7 +12,6 @@ import pytest
 from cli_runner import hicache
 
 
-
 def run_json(*args: str, input: str | None = None) -> tuple[int, dict]:
     result = hicache(["inspect", "keys", *args, "--json"], input=input)
     return result.exit_code, json.loads(result.stdout)
@@ -24,8 +23,18 @@ def test_json_reproduces_sglang_storage_keys_and_object_names():
 
     tokens = list(range(100, 200))
     code, data = run_json(
-        "--tokens", ",".join(map(str, tokens)), "--page-size", "16", "--sglang-version", "0.5.23",
-        "--model-name", "Qwen/Qwen3-0.6B", "--extra-key", "tenantA", "--tp-size", "2",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        "16",
+        "--sglang-version",
+        "0.5.23",
+        "--model-name",
+        "Qwen/Qwen3-0.6B",
+        "--extra-key",
+        "tenantA",
+        "--tp-size",
+        "2",
     )
     assert code == 0
     theirs = get_storage_hash_str(RadixKey(array("q", tokens[:96]), extra_key="tenantA"), None, page_size=16)
@@ -37,26 +46,37 @@ def test_json_reproduces_sglang_storage_keys_and_object_names():
     assert (page["index"], page["start"], page["end"]) == (1, 16, 32)
     pk = page["page_key"]
     assert page["object_keys"] == [
-        f"Qwen-Qwen3-0.6B_{pk}_0_k", f"Qwen-Qwen3-0.6B_{pk}_0_v",
-        f"Qwen-Qwen3-0.6B_{pk}_1_k", f"Qwen-Qwen3-0.6B_{pk}_1_v",
+        f"Qwen-Qwen3-0.6B_{pk}_0_k",
+        f"Qwen-Qwen3-0.6B_{pk}_0_v",
+        f"Qwen-Qwen3-0.6B_{pk}_1_k",
+        f"Qwen-Qwen3-0.6B_{pk}_1_v",
     ]
 
 
 def test_tp_rank_and_mla_select_objects():
-    code, data = run_json("--tokens", "1,2,3,4", "--page-size", "2", "--tp-size", "4", "--tp-rank", "3", "--sglang-version", "0.5.23")
+    code, data = run_json(
+        "--tokens", "1,2,3,4", "--page-size", "2", "--tp-size", "4", "--tp-rank", "3", "--sglang-version", "0.5.23"
+    )
     assert code == 0 and data["pages"][0]["object_keys"][0].endswith("_3_k")
-    code, data = run_json("--tokens", "1,2,3,4", "--page-size", "2", "--tp-size", "4", "--mla", "--sglang-version", "0.5.23")
+    code, data = run_json(
+        "--tokens", "1,2,3,4", "--page-size", "2", "--tp-size", "4", "--mla", "--sglang-version", "0.5.23"
+    )
     assert code == 0 and data["pages"][0]["object_keys"] == [data["pages"][0]["page_key"] + "__k"]
 
 
 def test_tokens_file_json_jsonl_and_stdin(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(list(range(32))))
     (tmp_path / "b.jsonl").write_text(
-        json.dumps({"input_ids": list(range(32))}) + "\n\n" + json.dumps({"input_ids": [5] * 32, "cache_salt": "s"}) + "\n"
+        json.dumps({"input_ids": list(range(32))})
+        + "\n\n"
+        + json.dumps({"input_ids": [5] * 32, "cache_salt": "s"})
+        + "\n"
     )
     _, a = run_json("--tokens-file", str(tmp_path / "a.json"), "--page-size", "16")
     _, b1 = run_json("--tokens-file", str(tmp_path / "b.jsonl"), "--line", "1", "--page-size", "16")
-    _, b2 = run_json("--tokens-file", str(tmp_path / "b.jsonl"), "--line", "2", "--page-size", "16", "--sglang-version", "0.5.23")
+    _, b2 = run_json(
+        "--tokens-file", str(tmp_path / "b.jsonl"), "--line", "2", "--page-size", "16", "--sglang-version", "0.5.23"
+    )
     _, s = run_json("--tokens-file", "-", "--page-size", "16", input=json.dumps(list(range(32))))
     assert a["pages"] == b1["pages"] == s["pages"]
     assert b2["cache_salt"] == "s" and b2["namespace_seed"] is not None

@@ -8,12 +8,12 @@ import socket
 
 import pytest
 
-from hicache_ops.inspect.keys import Deployment, expected_keys
-from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
-from hicache_ops.inspect.live_diff import live_diff
-from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.mooncake.store import StoreClient
 from cli_runner import hicache
+from hicache_ops.commands.inspect.key_listing import Deployment, expected_keys
+from hicache_ops.commands.inspect.live_diff import live_diff
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.mooncake.store_client import StoreClient
+from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
 PAGE = 16
 PAGES = 4
@@ -51,8 +51,20 @@ def tokens():
 
 
 def live(master, tokens, *extra: str):
-    args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
-            "--sglang-version", "0.5.23", "--master", master.metrics_address, "--json", *extra]
+    args = [
+        "inspect",
+        "keys",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        str(PAGE),
+        "--sglang-version",
+        "0.5.23",
+        "--master",
+        master.metrics_address,
+        "--json",
+        *extra,
+    ]
     result = hicache(args)
     return result.exit_code, json.loads(result.stdout)
 
@@ -147,15 +159,27 @@ def test_other_version_namespace(mooncake_master, writer, tokens):
     writer(tokens, version="0.5.14", extra_key="tenant")  # 0.5.14 ignores extra_key in page keys
     code, data = live(mooncake_master, tokens, "--extra-key", "tenant")
     found = entry(data, "other_version")
-    assert found["sglang_version"] == "0.5.14" and found["pages"] == PAGES and "without the namespace" in found["message"]
+    assert (
+        found["sglang_version"] == "0.5.14" and found["pages"] == PAGES and "without the namespace" in found["message"]
+    )
 
 
 def test_other_namespace_tried(mooncake_master, writer, tokens):
     writer(tokens, model_name="M", extra_key="tenantA")
-    code, data = live(mooncake_master, tokens, "--model-name", "M", "--try-extra-key", "tenantB", "--try-extra-key", "tenantA")
+    code, data = live(
+        mooncake_master, tokens, "--model-name", "M", "--try-extra-key", "tenantB", "--try-extra-key", "tenantA"
+    )
     found = entry(data, "other_namespace")
-    assert code == 1 and found["namespace"] == "extra_key='tenantA', cache_salt=None" and found["contiguous_pages"] == PAGES
-    assert all(d["namespace"] != "extra_key='tenantB', cache_salt=None" for d in data["diagnosis"] if d["kind"] == "other_namespace")
+    assert (
+        code == 1
+        and found["namespace"] == "extra_key='tenantA', cache_salt=None"
+        and found["contiguous_pages"] == PAGES
+    )
+    assert all(
+        d["namespace"] != "extra_key='tenantB', cache_salt=None"
+        for d in data["diagnosis"]
+        if d["kind"] == "other_namespace"
+    )
 
 
 def test_unsalted_namespace_is_always_tried(mooncake_master, writer, tokens):
@@ -173,8 +197,20 @@ def test_not_found(mooncake_master, writer, tokens):
 
 def test_human_output(mooncake_master, writer, tokens):
     writer(tokens, model_name="M", pages={0, 1})
-    args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
-            "--model-name", "M", "--sglang-version", "0.5.23", "--master", mooncake_master.metrics_address]
+    args = [
+        "inspect",
+        "keys",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        str(PAGE),
+        "--model-name",
+        "M",
+        "--sglang-version",
+        "0.5.23",
+        "--master",
+        mooncake_master.metrics_address,
+    ]
     result = hicache(args)
     assert result.exit_code == 1
     assert "contiguous prefix 2/4 pages (32 tokens)" in result.stdout and "first missing" in result.stdout
@@ -225,8 +261,17 @@ def test_silent_master_is_exit_3_within_5s(fresh_mooncake_master, freeze_process
 
     freeze_process(fresh_mooncake_master.pid)
     start = time.monotonic()
-    args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
-            "--master", fresh_mooncake_master.metrics_address, "--json"]
+    args = [
+        "inspect",
+        "keys",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        str(PAGE),
+        "--master",
+        fresh_mooncake_master.metrics_address,
+        "--json",
+    ]
     result = hicache(args)
     assert time.monotonic() - start < 5.0
     assert result.exit_code == 3

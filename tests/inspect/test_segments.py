@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from hicache_ops.inspect.segments import check_segments, probe_endpoint
+from hicache_ops.commands.inspect.segments import check_segments, probe_endpoint
 from hicache_ops.mooncake.net import free_port
 
 

@@ -20,19 +20,33 @@ import random
 
 import pytest
 
-from hicache_ops.inspect.keys import Deployment, expected_keys
-from hicache_ops.inspect.live_diff import live_diff
-from hicache_ops.inspect.store import group_keys, parse_object_key
-from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.sglang.pools import PoolSpec
 from cli_runner import hicache
+from hicache_ops.commands.inspect.key_listing import Deployment, expected_keys
+from hicache_ops.commands.inspect.live_diff import live_diff
+from hicache_ops.commands.inspect.store_listing import group_keys, parse_object_key
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.sglang.side_pool_specs import PoolSpec
 from sglang_0_5_14 import held_0_5_14
 
 PAGE = 64  # SGLang's DSA device pool asserts 64-token pages
 PAGES = 6
 SWA_WINDOW = 2
-POOLS = [PoolSpec("swa", window=SWA_WINDOW), PoolSpec("draft", attention="mha"), PoolSpec("mamba", conv=2), PoolSpec("indexer")]
-POOL_ARGS = ["--pool", f"swa:window={SWA_WINDOW}", "--pool", "draft:attention=mha", "--pool", "mamba:conv=2", "--pool", "indexer"]
+POOLS = [
+    PoolSpec("swa", window=SWA_WINDOW),
+    PoolSpec("draft", attention="mha"),
+    PoolSpec("mamba", conv=2),
+    PoolSpec("indexer"),
+]
+POOL_ARGS = [
+    "--pool",
+    f"swa:window={SWA_WINDOW}",
+    "--pool",
+    "draft:attention=mha",
+    "--pool",
+    "mamba:conv=2",
+    "--pool",
+    "indexer",
+]
 ALL = list(range(PAGES))
 
 # Which pages each pool holds; what SGLang loads follows from them.
@@ -221,7 +235,9 @@ def compare(master, version: str, cases: list[dict], results: dict) -> None:
             assert diff.restorable_prefix_pages == got["restorable"], (version, case["id"])
             # What the master holds for these pages is exactly what we call present.
             held = {k for k in listing if any(pk in k for pk in got["page_keys"])}
-            present = {k for row, flags in zip(report.pages, diff.present) for k, ok in zip(row.object_keys, flags) if ok}
+            present = {
+                k for row, flags in zip(report.pages, diff.present) for k, ok in zip(row.object_keys, flags) if ok
+            }
             assert held == present, (version, case["id"], sorted(held ^ present)[:4])
             # inspect store's grouping: each pool with its pages, the KV pages that lack it.
             (group,) = group_keys(sorted(held))["groups"]
@@ -240,8 +256,12 @@ def compare(master, version: str, cases: list[dict], results: dict) -> None:
 
 def extra(master) -> dict:
     return {
-        "master_server_address": master.rpc_address, "metadata_server": master.metadata_server, "protocol": "tcp",
-        "device_name": "", "global_segment_size": 16 << 20, "local_hostname": "127.0.0.1",
+        "master_server_address": master.rpc_address,
+        "metadata_server": master.metadata_server,
+        "protocol": "tcp",
+        "device_name": "",
+        "global_segment_size": 16 << 20,
+        "local_hostname": "127.0.0.1",
     }
 
 
@@ -265,17 +285,36 @@ def test_loadable_prefix_matches_sglang_batch_exists_v2(mooncake_master, mooncak
 
 def check_cli(master, cases: list[dict]) -> None:
     """The diagnosis names the pool and the page; 0.5.23 shows the restorable stop points."""
+
     def live(case):
-        result = hicache(["inspect", "keys", "--tokens", ",".join(map(str, case["tokens"])), "--page-size", str(PAGE),
-                          "--sglang-version", "0.5.23", "--master", master.metrics_address, "--json", *POOL_ARGS])
+        result = hicache(
+            [
+                "inspect",
+                "keys",
+                "--tokens",
+                ",".join(map(str, case["tokens"])),
+                "--page-size",
+                str(PAGE),
+                "--sglang-version",
+                "0.5.23",
+                "--master",
+                master.metrics_address,
+                "--json",
+                *POOL_ARGS,
+            ]
+        )
         return result.exit_code, json.loads(result.stdout)
 
     by_id = {c["id"]: c for c in cases}
     code, data = live(by_id["complete"])
     assert code == 0 and data["contiguous_pages"] == PAGES and data["diagnosis"] == []
     assert [p["name"] for p in data["pools"]] == ["swa", "draft", "mamba", "indexer"]
-    assert data["pools"][2] == {"name": "mamba", "suffixes": ["_0_temporal", "_0_conv_0", "_0_conv_1"],
-                                "hit_policy": "trailing_pages", "trailing_pages": 1}
+    assert data["pools"][2] == {
+        "name": "mamba",
+        "suffixes": ["_0_temporal", "_0_conv_0", "_0_conv_1"],
+        "hit_policy": "trailing_pages",
+        "trailing_pages": 1,
+    }
 
     code, data = live(by_id["mamba-never-written"])
     assert code == 1 and data["kv_contiguous_pages"] == PAGES and data["contiguous_pages"] == 0
@@ -288,14 +327,29 @@ def check_cli(master, cases: list[dict]) -> None:
     assert (entry["pool"], entry["page"], entry["trailing_pages"]) == ("swa", 2, SWA_WINDOW)
     assert "1-2, 5-6" in entry["message"]
 
-    human = hicache(["inspect", "keys", "--tokens", ",".join(map(str, by_id["swa-hole"]["tokens"])), "--page-size", str(PAGE),
-                     "--sglang-version", "0.5.23", "--master", master.metrics_address, *POOL_ARGS])
+    human = hicache(
+        [
+            "inspect",
+            "keys",
+            "--tokens",
+            ",".join(map(str, by_id["swa-hole"]["tokens"])),
+            "--page-size",
+            str(PAGE),
+            "--sglang-version",
+            "0.5.23",
+            "--master",
+            master.metrics_address,
+            *POOL_ARGS,
+        ]
+    )
     assert human.exit_code == 1 and "restorable stop points 1, 2, 5, 6" in human.output
     assert f"loadable prefix 6/{PAGES} pages" in human.output and "side_pool_missing:" in human.output
 
     code, data = live(by_id["indexer-page-missing"])
     (entry,) = data["diagnosis"]
-    assert (entry["pool"], entry["page"], entry["pool_hit_pages"]) == ("indexer", 3, 3) and data["contiguous_pages"] == 3
+    assert (entry["pool"], entry["page"], entry["pool_hit_pages"]) == ("indexer", 3, 3) and data[
+        "contiguous_pages"
+    ] == 3
 
     code, data = live(by_id["kv-short"])  # the KV diagnosis as before; the side pools are complete
     assert data["contiguous_pages"] == 4 and [d["kind"] for d in data["diagnosis"]] == ["not_found"]
@@ -319,7 +373,13 @@ def check_cli(master, cases: list[dict]) -> None:
 def test_side_pool_objects_parse_with_their_pool(suffix, rank, component, pool):
     page_key = "ab" * 32
     parts = parse_object_key(f"tag_model_{page_key}{suffix}")
-    assert (parts.prefix, parts.page_key, parts.rank, parts.kv, parts.pool) == ("tag_model_", page_key, rank, component, pool)
+    assert (parts.prefix, parts.page_key, parts.rank, parts.kv, parts.pool) == (
+        "tag_model_",
+        page_key,
+        rank,
+        component,
+        pool,
+    )
     assert parts.suffix == suffix
     assert parse_object_key(f"{page_key}_0_k").pool == "kv"
     assert parse_object_key(f"{page_key}_0_draft_x") is None
@@ -344,7 +404,19 @@ def test_bad_pools_are_exit_2(args, message):
 
 
 def test_human_output_lists_pools_and_presets():
-    result = hicache(["inspect", "keys", "--tokens", ",".join(map(str, range(32))), "--page-size", str(PAGE),
-                      "--sglang-version", "0.5.23", "--pool-preset", "gpt-oss"])
+    result = hicache(
+        [
+            "inspect",
+            "keys",
+            "--tokens",
+            ",".join(map(str, range(32))),
+            "--page-size",
+            str(PAGE),
+            "--sglang-version",
+            "0.5.23",
+            "--pool-preset",
+            "gpt-oss",
+        ]
+    )
     assert result.exit_code == 0
     assert f"pool swa  trailing_pages (last {-(-128 // PAGE)} page(s))  _0_swa_k, _0_swa_v" in result.output

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
+from cli_runner import hicache
+from hicache_ops.commands.inspect.store_listing import ObjectKeyParts, group_keys, inspect_store, parse_object_key
 from hicache_ops.errors import InputError, UnreachableError
-from hicache_ops.inspect.store import ObjectKeyParts, group_keys, inspect_store, parse_object_key
-from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.master import EmbeddedMaster
 from hicache_ops.mooncake.net import parse_host_port
-from hicache_ops.mooncake.store import StoreClient
-from cli_runner import hicache
+from hicache_ops.mooncake.store_client import StoreClient
+from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
 HANG_BOUND_S = 5.0
 PK = page_keys(list(range(64)), 16, "0.5.23")  # four page keys
@@ -116,14 +116,20 @@ def test_group_keys(filled_master):
     limited = group_keys(keys, limit=1)
     assert len(limited["groups"]) == 1 and limited["truncated"] and len(limited["groups"][0]["page_keys"]) == 1
     only = group_keys(keys, prefix_filter="t1_")
-    assert only["matched_keys"] == 4 and only["warmup_keys"] == 0 and [g["prefix"] for g in only["groups"]] == ["t1_deepseek-ai-DeepSeek-V3_"]
+    assert (
+        only["matched_keys"] == 4
+        and only["warmup_keys"] == 0
+        and [g["prefix"] for g in only["groups"]] == ["t1_deepseek-ai-DeepSeek-V3_"]
+    )
 
 
 def test_dcp_groups_expect_every_shard(mooncake_master, mooncake_segment_owner):
     """A DCP prefix names its topology: a shard that never wrote makes every page incomplete."""
     tag = f"dcp{time.monotonic_ns()}"
-    shards = [ObjectKeyScheme("0.5.23", extra_backend_tag=tag, mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=16)
-              for r in range(4)]
+    shards = [
+        ObjectKeyScheme("0.5.23", extra_backend_tag=tag, mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=16)
+        for r in range(4)
+    ]
     keys = [k for pk in PK for s in shards[:3] for k in s.object_keys(pk)]  # shard 3 wrote nothing
     unified = f"{tag}_{PK[0]}_ukv1-0123456789abcdef_L0-3_H1"
     for key in [*keys, unified]:
@@ -212,7 +218,17 @@ def test_master_killed_during_a_command_is_exit_3(freeze_process):
     try:
         freeze_process(master.pid)  # the command's request sits unanswered ...
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hicache_ops.cli", "inspect", "store", "--master", master.metrics_address, "--timeout", "30"],
+            [
+                sys.executable,
+                "-m",
+                "hicache_ops.cli",
+                "inspect",
+                "store",
+                "--master",
+                master.metrics_address,
+                "--timeout",
+                "30",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

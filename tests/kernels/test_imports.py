@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = Path(__file__).resolve().parents[2] / "src" / "hicache_ops" / "kernels"
 PACKAGE = "hicache_ops.kernels"
 
 

@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli_runner import hicache
 from hicache_ops.errors import InputError
 from hicache_ops.kernels import (
     PageGeometry,
@@ -34,7 +35,6 @@ from hicache_ops.kernels import (
 )
 from hicache_ops.kernels import transfer as transfer_mod
 from hicache_ops.kernels.checksum import C1, C2, GOLDEN, KEY_SEED, MASK64
-from cli_runner import hicache
 
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -142,7 +142,10 @@ def index_sets(ps, dev_tokens, host_tokens, seed=0):
     host pages unaligned, and one long run."""
     g = torch.Generator().manual_seed(seed)
     n = min(dev_tokens, host_tokens) // 2
-    scattered = (torch.randperm(dev_tokens, generator=g)[:n].tolist(), torch.randperm(host_tokens, generator=g)[:n].tolist())
+    scattered = (
+        torch.randperm(dev_tokens, generator=g)[:n].tolist(),
+        torch.randperm(host_tokens, generator=g)[:n].tolist(),
+    )
     dp = torch.randperm(dev_tokens // ps, generator=g)[:3].tolist()
     hp = torch.randperm(host_tokens // ps, generator=g)[:3].tolist()
     pages = ([q * ps + s for q in dp for s in range(ps)], [p * ps + s for p in hp for s in range(ps)])
@@ -266,7 +269,9 @@ def test_bad_inputs_are_refused():
         backup(device, host, device_indices=[0], host_indices=[0], layout="page_head", page_size=4)
     with pytest.raises(ValueError):  # backend triton without CUDA or the interpreter
         if not os.environ.get("TRITON_INTERPRET"):
-            backup(device, host, device_indices=[0], host_indices=[0], layout="page_first", page_size=4, backend="triton")
+            backup(
+                device, host, device_indices=[0], host_indices=[0], layout="page_first", page_size=4, backend="triton"
+            )
         else:
             raise ValueError
     with pytest.raises(IndexError):
@@ -327,7 +332,9 @@ def test_checksum_matches_definition_and_is_layout_independent(kind, dtype, D):
     geom = PageGeometry(3, ps, H, D, dtype, mla=kind == "mla")
     for layout in layouts:
         _, host = make_pools(kind, layout, D=D, dtype=dtype, ps=ps, seed=7)
-        backup(device, host, device_indices=dev_pages, host_indices=host_pages, layout=layout, page_size=ps, unit="page")
+        backup(
+            device, host, device_indices=dev_pages, host_indices=host_pages, layout=layout, page_size=ps, unit="page"
+        )
         by_page = host_page_checksums(host, host_pages, layout=layout, page_size=ps, unit="page")
         by_token = host_page_checksums(
             host, [p * ps + s for p in host_pages for s in range(ps)], layout=layout, page_size=ps
@@ -336,7 +343,9 @@ def test_checksum_matches_definition_and_is_layout_independent(kind, dtype, D):
         assert torch.equal(by_page, by_token)
         if layout != "layer_first":
             for p, want in zip(host_pages, spec):
-                assert storage_page_checksum(l3_objects(host, kind, layout, p, ps), layout=layout, geometry=geom) == want
+                assert (
+                    storage_page_checksum(l3_objects(host, kind, layout, p, ps), layout=layout, geometry=geom) == want
+                )
     comps = [device[0], device[1]] if kind == "mha" else [device]
     canon = torch.stack([torch.stack([c[:, q * ps : q * ps + ps] for c in comps]) for q in dev_pages])
     assert [int(v) & MASK64 for v in canonical_page_checksums(canon)] == spec
@@ -346,7 +355,9 @@ def l3_objects(host, kind, layout, page, ps):
     """The bytes SGLang's zero-copy path stores for one page of a page layout (docs/host-pool.md#page-buffer-meta)."""
     if kind == "mha":
         if layout == "page_first":
-            return [host[c, page * ps : page * ps + ps].contiguous().view(torch.uint8).numpy().tobytes() for c in (0, 1)]
+            return [
+                host[c, page * ps : page * ps + ps].contiguous().view(torch.uint8).numpy().tobytes() for c in (0, 1)
+            ]
         return [host[c, page].contiguous().view(torch.uint8).numpy().tobytes() for c in (0, 1)]
     if layout == "page_first":
         return [host[page * ps : page * ps + ps].contiguous().view(torch.uint8).numpy().tobytes()]

@@ -8,7 +8,6 @@ Skipped only where this machine cannot create network namespaces (not root, no `
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from cli_runner import hicache
+from hicache_ops.commands.lab import processes, topology
+from hicache_ops.commands.lab.down import down
+from hicache_ops.commands.lab.owners import segment_owners
+from hicache_ops.commands.lab.up import up
+from hicache_ops.commands.playbook import serve_variables
 from hicache_ops.errors import InputError
-from hicache_ops.lab import processes, topology
-from hicache_ops.lab.down import down
-from hicache_ops.lab.owners import segment_owners
-from hicache_ops.lab.up import up
 from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.playbook import serve_variables
 from hicache_ops.server.client import ServeClient
 
 HICACHE = str(Path(sys.executable).with_name("hicache"))
@@ -42,8 +41,10 @@ def _can_create_namespaces() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_can_create_namespaces() is not None,
-                                reason=f"this machine cannot create network namespaces: {_can_create_namespaces()}")
+pytestmark = pytest.mark.skipif(
+    _can_create_namespaces() is not None,
+    reason=f"this machine cannot create network namespaces: {_can_create_namespaces()}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +138,20 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     problem = store["segment_problems"][0]
     assert problem["host"] == "h1" and "It belongs to lab host h1" in problem["note"]
     endpoint = problem["te_endpoint"]
-    owners = segment_owners([(bad_segment, endpoint), ("127.0.0.1:7", "127.0.0.1:18080"), ("127.0.0.1:1", "127.0.0.1:1"),
-                             (_segment(h2), None)], lab["run_dir"])
+    owners = segment_owners(
+        [
+            (bad_segment, endpoint),
+            ("127.0.0.1:7", "127.0.0.1:18080"),
+            ("127.0.0.1:1", "127.0.0.1:1"),
+            (_segment(h2), None),
+        ],
+        lab["run_dir"],
+    )
     # both observations agree: h1's serve reports the segment, its Transfer Engine port listens in h1 only
     assert owners[bad_segment]["host"] == "h1"
-    assert owners[bad_segment]["basis"] == (f"h1's serve reports {bad_segment} as its segment, and port "
-                                            f"{endpoint.rsplit(':', 1)[1]} listens there")
+    assert owners[bad_segment]["basis"] == (
+        f"h1's serve reports {bad_segment} as its segment, and port {endpoint.rsplit(':', 1)[1]} listens there"
+    )
     # no honest mapping: the serves' HTTP port listens in every serve host, port 1 in none
     assert (owners["127.0.0.1:7"]["host"], owners["127.0.0.1:7"]["candidates"]) == (None, ["h1", "h2"])
     assert (owners["127.0.0.1:1"]["host"], owners["127.0.0.1:1"]["candidates"]) == (None, ["h1", "h2"])
@@ -151,7 +160,9 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     assert segment_owners([(bad_segment, endpoint)], Path(lab["run_dir"]) / "no-lab") == {}
 
     scheme = serve_variables(h2)["serve_scheme"].split()
-    keys = hicache(["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"])
+    keys = hicache(
+        ["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"]
+    )
     kinds = [d["kind"] for d in _json(keys)["diagnosis"]]
     assert "unreachable_segment" in kinds
     entry = next(d for d in _json(keys)["diagnosis"] if d["kind"] == "unreachable_segment")
@@ -177,7 +188,9 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     healed = hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert healed.exit_code == 0, healed.stdout
     assert _segment(h1).startswith(lab["hosts"][1]["address"] + ":")
-    assert _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))["segment_problems"] == []
+    assert (
+        _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))["segment_problems"] == []
+    )
 
 
 def test_partition_cuts_the_master_but_not_the_peers(lab):
@@ -187,13 +200,33 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
     try:
         store = _in_namespace(h2["namespace"], "inspect", "store", "--master", lab["master"]["metrics"], "--json")
         assert store.returncode == 3, store.stdout
-        peer = subprocess.run(["ip", "netns", "exec", h2["namespace"], sys.executable, "-c",
-                               f"import socket; socket.create_connection(('{lab['hosts'][1]['address']}', 18080), timeout=2)"],
-                              capture_output=True, text=True, timeout=30)
+        peer = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                h2["namespace"],
+                sys.executable,
+                "-c",
+                f"import socket; socket.create_connection(('{lab['hosts'][1]['address']}', 18080), timeout=2)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert peer.returncode == 0, peer.stderr
         tokens, prompt = _prompt(lab, "partition", 30_000)
-        run = _in_namespace(h2["namespace"], "playbook", "run", "cross-host-miss", "--serve", h2["url"], "--prompt",
-                            str(prompt), "--json")
+        run = _in_namespace(
+            h2["namespace"],
+            "playbook",
+            "run",
+            "cross-host-miss",
+            "--serve",
+            h2["url"],
+            "--prompt",
+            str(prompt),
+            "--json",
+        )
         assert json.loads(run.stdout)["finding"]["check"].endswith("This host reaches the master"), run.stdout
         # the master still answers from this (root) namespace: a partition, not a dead master
         assert hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]).exit_code == 0
@@ -203,7 +236,9 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
 
 def test_slow_link_is_cut_by_the_stop_policy(lab):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
-    result = hicache(["lab", "fault", "slow-link", "--on", "h2", "--latency-ms", "300", "--run-dir", lab["run_dir"], "--json"])
+    result = hicache(
+        ["lab", "fault", "slow-link", "--on", "h2", "--latency-ms", "300", "--run-dir", lab["run_dir"], "--json"]
+    )
     assert result.exit_code == 0, result.stdout
     try:
         tokens, prompt = _prompt(lab, "slow", 35_000)
@@ -260,9 +295,13 @@ def test_host_down_takes_its_objects_off_the_master(lab, monkeypatch):
         after = len(admin.get_all_keys())
     assert after < before
     scheme = serve_variables(lab["hosts"][2]["url"])["serve_scheme"].split()
-    keys = _json(hicache(["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"]))
+    keys = _json(
+        hicache(["inspect", "keys", "--tokens-file", prompt, *scheme, "--master", lab["master"]["metrics"], "--json"])
+    )
     assert keys["first_missing"] is not None
-    run = hicache(["playbook", "run", "cross-host-miss", "--serve", lab["hosts"][2]["url"], "--prompt", prompt, "--json"])
+    run = hicache(
+        ["playbook", "run", "cross-host-miss", "--serve", lab["hosts"][2]["url"], "--prompt", prompt, "--json"]
+    )
     assert _json(run)["finding"]["check"] == "5. The objects are gone", run.stdout
 
 
@@ -284,8 +323,22 @@ def test_down_removes_every_namespace_link_and_process(lab):
 
 
 def test_up_refuses_without_root(tmp_path):
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", HICACHE, "lab", "up",
-                             "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            HICACHE,
+            "lab",
+            "up",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert "needs root" in result.stderr and "Traceback" not in result.stderr
 
@@ -293,8 +346,11 @@ def test_up_refuses_without_root(tmp_path):
 def test_down_cleans_up_after_the_lab_command_is_killed_midway(tmp_path):
     folder = tmp_path / "crashed"
     state_file = folder / "lab.json"
-    command = subprocess.Popen([HICACHE, "lab", "up", "--hosts", "3", "--run-dir", str(folder)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = subprocess.Popen(
+        [HICACHE, "lab", "up", "--hosts", "3", "--run-dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:  # killed once the serves are being started: namespaces, links and processes exist

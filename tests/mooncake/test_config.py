@@ -116,15 +116,24 @@ SCENARIOS = {
     ),
     "file-env-hostname-wins": (
         {"MOONCAKE_LOCAL_HOSTNAME": "from-env"},
-        {"master_server_address": "10.0.0.3:50051", "local_hostname": "from-file", "protocol": "tcp",
-         "global_segment_size": 1073741824},
+        {
+            "master_server_address": "10.0.0.3:50051",
+            "local_hostname": "from-file",
+            "protocol": "tcp",
+            "global_segment_size": 1073741824,
+        },
         None,
     ),
     "extra-config-wins-over-file-and-env": (
         {"MOONCAKE_MASTER": "env:1", "MOONCAKE_TE_META_DATA_SERVER": "http://x/metadata"},
         {"master_server_address": "file:1"},
-        {"master_server_address": "extra:1", "protocol": "tcp", "global_segment_size": "1gb",
-         "extra_backend_tag": "tagA", "tenant_id": None},
+        {
+            "master_server_address": "extra:1",
+            "protocol": "tcp",
+            "global_segment_size": "1gb",
+            "extra_backend_tag": "tagA",
+            "tenant_id": None,
+        },
     ),
     "extra-config-without-address-falls-through": (
         {"MOONCAKE_MASTER": "env:1"},
@@ -160,7 +169,9 @@ def test_sources_and_origin(clean_env, tmp_path):
     assert cfg.sources["protocol"] == "env:MOONCAKE_PROTOCOL"  # 0.5.23 honours it when the file omits it
     assert cfg.sources["global_segment_size"] == "env-default:MOONCAKE_GLOBAL_SEGMENT_SIZE"
     assert cfg.global_segment_size == 4 * GIB
-    cfg = resolve_store_config("0.5.23", extra_config={"master_server_address": "x:1", "extra_backend_tag": "t"}, env={})
+    cfg = resolve_store_config(
+        "0.5.23", extra_config={"master_server_address": "x:1", "extra_backend_tag": "t"}, env={}
+    )
     assert cfg.origin == "extra_config" and cfg.sources["master_server_address"] == "extra_config"
     assert cfg.extra_backend_tag == "t" and cfg.sources["extra_backend_tag"] == "extra_config"
     cfg = resolve_store_config("0.5.23", env={"MOONCAKE_MASTER": "m:1", "MOONCAKE_CHECK_SERVER": "maybe"})
@@ -180,8 +191,18 @@ def test_0_5_14_rules(tmp_path):
     assert (new.protocol, new.local_hostname) == ("tcp", "from-env")
     assert old.tenant_id is None and new.tenant_id == "default"
     # 0.5.14 keeps a None tag when the key is present; 0.5.23 skips it.
-    assert resolve_store_config("0.5.14", extra_config={"master_server_address": "h:1", "extra_backend_tag": 7}, env={}).extra_backend_tag == 7
-    assert resolve_store_config("0.5.23", extra_config={"master_server_address": "h:1", "extra_backend_tag": 7}, env={}).extra_backend_tag == "7"
+    assert (
+        resolve_store_config(
+            "0.5.14", extra_config={"master_server_address": "h:1", "extra_backend_tag": 7}, env={}
+        ).extra_backend_tag
+        == 7
+    )
+    assert (
+        resolve_store_config(
+            "0.5.23", extra_config={"master_server_address": "h:1", "extra_backend_tag": 7}, env={}
+        ).extra_backend_tag
+        == "7"
+    )
 
 
 def test_segment_size_per_rank():
@@ -235,7 +256,9 @@ def test_resolution_errors(tmp_path):
         resolve_store_config("0.6.0", env={"MOONCAKE_MASTER": "h:1"})
 
 
-@pytest.mark.parametrize("good", ["P2PHANDSHAKE", "http://127.0.0.1:8080/metadata", "https://meta.example:443/metadata"])
+@pytest.mark.parametrize(
+    "good", ["P2PHANDSHAKE", "http://127.0.0.1:8080/metadata", "https://meta.example:443/metadata"]
+)
 def test_metadata_accepted(good):
     assert check_metadata_server(good) == good
 

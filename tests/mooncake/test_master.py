@@ -160,7 +160,7 @@ def test_no_orphan_on_normal_exit_without_stop(tmp_path):
 
 
 def test_http_metadata_mode(monkeypatch):
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
 
     monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     with EmbeddedMaster(http_metadata=True) as master:

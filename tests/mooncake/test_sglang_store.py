@@ -15,10 +15,10 @@ from array import array
 
 import pytest
 
-from hicache_ops.inspect.store import inspect_store
-from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.mooncake.store import StoreClient
 from cli_runner import hicache
+from hicache_ops.commands.inspect.store_listing import inspect_store
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.mooncake.store_client import StoreClient
 
 PAGE = 16
 PAGES = 8
@@ -59,18 +59,42 @@ def sglang_ranks(mooncake_master):
     try:
         for tp_rank in range(TP):
             device = MHATokenToKVPool(
-                256, PAGE, torch.float16, head_num=2, head_dim=8, layer_num=2, device="cpu",
-                enable_memory_saver=False, start_layer=0, end_layer=2,
+                256,
+                PAGE,
+                torch.float16,
+                head_num=2,
+                head_dim=8,
+                layer_num=2,
+                device="cpu",
+                enable_memory_saver=False,
+                start_layer=0,
+                end_layer=2,
             )
             info = device.get_device_pool_infos()[0].buffer_info
             host = MHATokenToKVPoolHost(
-                info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-                device_capacity_tokens=device.size, start_layer=0, end_layer=2,
+                info,
+                2.0,
+                0,
+                PAGE,
+                "page_first",
+                pin_memory=False,
+                device="cpu",
+                device_capacity_tokens=device.size,
+                start_layer=0,
+                end_layer=2,
             )
             config = HiCacheStorageConfig(
-                tp_rank=tp_rank, tp_size=TP, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-                model_name=MODEL, extra_config=dict(extra_config),
+                tp_rank=tp_rank,
+                tp_size=TP,
+                pp_rank=0,
+                pp_size=1,
+                attn_cp_rank=0,
+                attn_cp_size=1,
+                is_mla_model=False,
+                enable_storage_metrics=False,
+                is_page_first_layout=True,
+                model_name=MODEL,
+                extra_config=dict(extra_config),
             )
             store = MooncakeStore(config, host)
             store.register_mem_pool_host(host)
@@ -91,9 +115,24 @@ def write_prompt(ranks, keys):
 
 
 def inspect_keys(master, tokens, *extra):
-    args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
-            "--sglang-version", "0.5.23", "--model-name", MODEL, "--tp-size", str(TP),
-            "--master", master.metrics_address, "--json", *extra]
+    args = [
+        "inspect",
+        "keys",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        str(PAGE),
+        "--sglang-version",
+        "0.5.23",
+        "--model-name",
+        MODEL,
+        "--tp-size",
+        str(TP),
+        "--master",
+        master.metrics_address,
+        "--json",
+        *extra,
+    ]
     result = hicache(args)
     return result.exit_code, json.loads(result.stdout)
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from hicache_ops.mooncake.admin import AdminClient
-from hicache_ops.sglang.keys import ObjectKeyScheme
 from cli_runner import hicache
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from sglang_0_5_14 import held_0_5_14, run_0_5_14
 
 PAGE = 16
@@ -82,16 +82,29 @@ def shape_payload(version: str, master) -> list[dict]:
         if version not in shape.versions:
             continue
         base = random.randrange(10**6, 10**9)
-        out.append({
-            "id": shape.id, "mla": shape.mla, "tp": shape.tp, "pp": shape.pp, "model": shape.model, "tag": shape.tag,
-            "layout": shape.layout, "tp_lcm": shape.tp_lcm, "dcp": shape.dcp,
-            "tokens": list(range(base, base + PAGES * PAGE + 3)),
-            "extra": {
-                "master_server_address": master.rpc_address, "metadata_server": master.metadata_server,
-                "protocol": "tcp", "device_name": "", "global_segment_size": RANK_SEGMENT * shape.tp * shape.pp, "local_hostname": "127.0.0.1",
-                **({"extra_backend_tag": shape.tag} if shape.tag else {}),
-            },
-        })
+        out.append(
+            {
+                "id": shape.id,
+                "mla": shape.mla,
+                "tp": shape.tp,
+                "pp": shape.pp,
+                "model": shape.model,
+                "tag": shape.tag,
+                "layout": shape.layout,
+                "tp_lcm": shape.tp_lcm,
+                "dcp": shape.dcp,
+                "tokens": list(range(base, base + PAGES * PAGE + 3)),
+                "extra": {
+                    "master_server_address": master.rpc_address,
+                    "metadata_server": master.metadata_server,
+                    "protocol": "tcp",
+                    "device_name": "",
+                    "global_segment_size": RANK_SEGMENT * shape.tp * shape.pp,
+                    "local_hostname": "127.0.0.1",
+                    **({"extra_backend_tag": shape.tag} if shape.tag else {}),
+                },
+            }
+        )
     return out
 
 
@@ -112,26 +125,57 @@ def sglang_0_5_23_store(case: dict, tp_rank: int, pp_rank: int):
     common = dict(device="cpu", enable_memory_saver=False, start_layer=0, end_layer=2)
     dcp_rank = tp_rank % case["dcp"]
     if case["mla"]:
-        device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
-                                  layer_num=2, **common)
+        device = MLATokenToKVPool(
+            PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8, layer_num=2, **common
+        )
         host = MLATokenToKVPoolHost(
-            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
-            device="cpu", dcp_size=case["dcp"], dcp_rank=dcp_rank, device_capacity_tokens=device.size,
-            start_layer=0, end_layer=2, target_layer_num=2, override_kv_cache_dim=device.kv_cache_dim,
+            device.get_device_pool_infos()[0].buffer_info,
+            2.0,
+            0,
+            PAGE,
+            case["layout"],
+            pin_memory=False,
+            device="cpu",
+            dcp_size=case["dcp"],
+            dcp_rank=dcp_rank,
+            device_capacity_tokens=device.size,
+            start_layer=0,
+            end_layer=2,
+            target_layer_num=2,
+            override_kv_cache_dim=device.kv_cache_dim,
         )
     else:
-        device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=HEADS_PER_RANK, head_dim=8,
-                                  layer_num=2, **common)
+        device = MHATokenToKVPool(
+            PAGES * PAGE * 2, PAGE, torch.float16, head_num=HEADS_PER_RANK, head_dim=8, layer_num=2, **common
+        )
         host = MHATokenToKVPoolHost(
-            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, case["layout"], pin_memory=False,
-            device="cpu", device_capacity_tokens=device.size, start_layer=0, end_layer=2,
+            device.get_device_pool_infos()[0].buffer_info,
+            2.0,
+            0,
+            PAGE,
+            case["layout"],
+            pin_memory=False,
+            device="cpu",
+            device_capacity_tokens=device.size,
+            start_layer=0,
+            end_layer=2,
         )
     config = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=case["tp"], pp_rank=pp_rank, pp_size=case["pp"], attn_cp_rank=0,
-        attn_cp_size=1, is_mla_model=case["mla"], enable_storage_metrics=False,
-        is_page_first_layout=case["layout"] == "page_first", model_name=case["model"],
-        tp_lcm_size=case["tp_lcm"], should_split_heads=split_heads(case),
-        extra_config=dict(case["extra"]), dcp_size=case["dcp"], dcp_rank=dcp_rank,
+        tp_rank=tp_rank,
+        tp_size=case["tp"],
+        pp_rank=pp_rank,
+        pp_size=case["pp"],
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=case["mla"],
+        enable_storage_metrics=False,
+        is_page_first_layout=case["layout"] == "page_first",
+        model_name=case["model"],
+        tp_lcm_size=case["tp_lcm"],
+        should_split_heads=split_heads(case),
+        extra_config=dict(case["extra"]),
+        dcp_size=case["dcp"],
+        dcp_rank=dcp_rank,
         logical_page_size=PAGE if case["dcp"] > 1 else None,
     )
     store = MooncakeStore(config, host)
@@ -199,7 +243,9 @@ def make_store(case, tp_rank, pp_rank):
     return store, config
 """
 
-WRITE_0_5_14 = BUILD_0_5_14 + """
+WRITE_0_5_14 = (
+    BUILD_0_5_14
+    + """
 RESULT = {}
 STORES = []
 for case in PAYLOAD["cases"]:
@@ -220,8 +266,11 @@ for case in PAYLOAD["cases"]:
     RESULT[case["id"]] = {"page_keys": keys, "writers": writers, "exists": [s.batch_exists(keys) for s in stores]}
     STORES.extend(stores)
 """
+)
 
-NAMES_0_5_14 = BUILD_0_5_14 + """
+NAMES_0_5_14 = (
+    BUILD_0_5_14
+    + """
 RESULT = []
 for case in PAYLOAD["cases"]:
     store, _ = make_store(case, case["tp_rank"], case["pp_rank"])
@@ -231,14 +280,28 @@ for case in PAYLOAD["cases"]:
     finally:
         store.store.close()
 """
+)
 
 
 # --- the comparison ---------------------------------------------------------------------------
 
 
 def inspect_keys(master, version: str, shape: Shape, tokens, *extra):
-    args = ["inspect", "keys", "--tokens", ",".join(map(str, tokens)), "--page-size", str(PAGE),
-            "--sglang-version", version, *shape.cli_args(), "--master", master.metrics_address, "--json", *extra]
+    args = [
+        "inspect",
+        "keys",
+        "--tokens",
+        ",".join(map(str, tokens)),
+        "--page-size",
+        str(PAGE),
+        "--sglang-version",
+        version,
+        *shape.cli_args(),
+        "--master",
+        master.metrics_address,
+        "--json",
+        *extra,
+    ]
     result = hicache(args)
     return result.exit_code, json.loads(result.stdout)
 
@@ -280,7 +343,9 @@ def test_every_shape_as_sglang_0_5_23_writes_it(mooncake_master):
         # The examples of docs/keys.md, on SGLang's own objects.
         dcp = results["dcp"]["page_keys"][0]
         with AdminClient(mooncake_master.metrics_address) as admin:
-            assert admin.exists([f"deepseek-ai-DeepSeek-V3_tp4_dcp2_page16_pp1_cp1_{dcp}_dcp{d}_cp0_k" for d in (0, 1)]) == [True, True]
+            assert admin.exists(
+                [f"deepseek-ai-DeepSeek-V3_tp4_dcp2_page16_pp1_cp1_{dcp}_dcp{d}_cp0_k" for d in (0, 1)]
+            ) == [True, True]
             split = results["split-heads"]["page_keys"][0]
             assert admin.exists([f"Qwen-Qwen3-0.6B_{split}_{r}_{kv}" for r in range(4) for kv in "kv"]) == [True] * 8
 
@@ -305,7 +370,9 @@ def test_every_shape_as_sglang_0_5_14_writes_it(mooncake_master):
     payload = shape_payload("0.5.14", mooncake_master)
     for case in payload:
         case["split_heads"] = split_heads(case)
-    with held_0_5_14(WRITE_0_5_14, {"page": PAGE, "pages": PAGES, "heads_per_rank": HEADS_PER_RANK, "cases": payload}) as results:
+    with held_0_5_14(
+        WRITE_0_5_14, {"page": PAGE, "pages": PAGES, "heads_per_rank": HEADS_PER_RANK, "cases": payload}
+    ) as results:
         check_version(mooncake_master, "0.5.14", payload, results)
         # 0.5.14 puts no model name in keys: the model-only shape is unprefixed.
         bare = results["model-only"]["page_keys"][0]
@@ -331,8 +398,14 @@ def rank_configs(draw_, version: str):
     pp = draw_(st.integers(1, 3))
     layout = "page_first" if mla else draw_(st.sampled_from(["page_first", "page_head"]))
     return {
-        "mla": mla, "tp": tp, "tp_rank": draw_(st.integers(0, tp - 1)), "pp": pp, "pp_rank": draw_(st.integers(0, pp - 1)),
-        "layout": layout, "tp_lcm": draw_(st.sampled_from([None, tp, 2 * tp, 4 * tp])), "dcp": dcp,
+        "mla": mla,
+        "tp": tp,
+        "tp_rank": draw_(st.integers(0, tp - 1)),
+        "pp": pp,
+        "pp_rank": draw_(st.integers(0, pp - 1)),
+        "layout": layout,
+        "tp_lcm": draw_(st.sampled_from([None, tp, 2 * tp, 4 * tp])),
+        "dcp": dcp,
         "model": draw_(st.sampled_from([None, "", "org/model-1.5B", "plain"])),
         "tag": draw_(st.sampled_from([None, "t1", "blue_green"])),
     }
@@ -352,18 +425,31 @@ def drawn_configs(version: str, master, count: int) -> list[dict]:
         config["split_heads"] = split_heads(config)
         config["page_keys"] = [f"{random.getrandbits(256):064x}" for _ in range(2)]
         config["extra"] = {
-            "master_server_address": master.rpc_address, "metadata_server": master.metadata_server, "protocol": "tcp",
-            "device_name": "", "global_segment_size": RANK_SEGMENT * config["tp"] * config["pp"],
-            "local_hostname": "127.0.0.1", **({"extra_backend_tag": config["tag"]} if config["tag"] else {}),
+            "master_server_address": master.rpc_address,
+            "metadata_server": master.metadata_server,
+            "protocol": "tcp",
+            "device_name": "",
+            "global_segment_size": RANK_SEGMENT * config["tp"] * config["pp"],
+            "local_hostname": "127.0.0.1",
+            **({"extra_backend_tag": config["tag"]} if config["tag"] else {}),
         }
     return configs
 
 
 def our_names(version: str, config: dict) -> list[str]:
     scheme = ObjectKeyScheme(
-        version, model_name=config["model"], extra_backend_tag=config["tag"], tp_rank=config["tp_rank"],
-        tp_size=config["tp"], pp_rank=config["pp_rank"], pp_size=config["pp"], mla=config["mla"],
-        layout=config["layout"], tp_lcm_size=config["tp_lcm"], dcp_size=config["dcp"], page_size=PAGE,
+        version,
+        model_name=config["model"],
+        extra_backend_tag=config["tag"],
+        tp_rank=config["tp_rank"],
+        tp_size=config["tp"],
+        pp_rank=config["pp_rank"],
+        pp_size=config["pp"],
+        mla=config["mla"],
+        layout=config["layout"],
+        tp_lcm_size=config["tp_lcm"],
+        dcp_size=config["dcp"],
+        page_size=PAGE,
     )
     return scheme.all_object_keys(config["page_keys"])
 

@@ -14,7 +14,7 @@ import pytest
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.mooncake.config import resolve_store_config
 from hicache_ops.mooncake.master import EmbeddedMaster
-from hicache_ops.mooncake.store import (
+from hicache_ops.mooncake.store_client import (
     LEASE_HELD,
     OBJECT_NOT_FOUND,
     SEGMENT_FULL,
@@ -110,7 +110,9 @@ def test_batch_put_get_registered_buffers(client, mooncake_segment_owner):
     keys = [f"{p}{i}" for i in range(n)]
     ptrs = [src.ctypes.data + i * size for i in range(n)]
     assert client.batch_put_from(keys, ptrs, [size] * n) == [0] * n
-    got = client.batch_get_into(keys + [p + "missing"], [dst.ctypes.data + i * size for i in range(n)] + [dst.ctypes.data], [size] * (n + 1))
+    got = client.batch_get_into(
+        keys + [p + "missing"], [dst.ctypes.data + i * size for i in range(n)] + [dst.ctypes.data], [size] * (n + 1)
+    )
     assert got[:n] == [size] * n and got[n] == OBJECT_NOT_FOUND
     assert np.array_equal(src, dst)
     with pytest.raises(ObjectNotFound) as info:
@@ -308,14 +310,20 @@ def test_crashing_metadata_never_reaches_mooncake(mooncake_master):
 def test_from_config(mooncake_master, mooncake_segment_owner):
     cfg = resolve_store_config(
         "0.5.23",
-        env={"MOONCAKE_MASTER": mooncake_master.rpc_address, "MOONCAKE_PROTOCOL": "tcp", "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1"},
+        env={
+            "MOONCAKE_MASTER": mooncake_master.rpc_address,
+            "MOONCAKE_PROTOCOL": "tcp",
+            "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+        },
     )
     with StoreClient.from_config(cfg) as c:
         assert c.segment_size == 0
         p = unique("cfg")
         c.put(p + "x", b"ok")
         assert c.get(p + "x") == b"ok"
-    bad = resolve_store_config("0.5.23", env={"MOONCAKE_MASTER": mooncake_master.rpc_address, "MOONCAKE_TE_META_DATA_SERVER": "redis://r:1"})
+    bad = resolve_store_config(
+        "0.5.23", env={"MOONCAKE_MASTER": mooncake_master.rpc_address, "MOONCAKE_TE_META_DATA_SERVER": "redis://r:1"}
+    )
     with pytest.raises(InputError):
         StoreClient.from_config(bad)
 

@@ -7,14 +7,23 @@ import json
 
 import numpy as np
 import pytest
+
+from cli_runner import hicache
+from hicache_ops.commands.playbook import holds, list_playbooks, parse_condition, resolve_path
+from hicache_ops.server.client import ServeClient
 from serve_process import Serve
 
-from hicache_ops.playbook import holds, list_playbooks, parse_condition, resolve_path
-from hicache_ops.server.client import ServeClient
-from cli_runner import hicache
-
 # wait_complete: a healthy run must not depend on how fast L3 reads are here; the stop-policy case sets its own.
-BASE = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
+BASE = (
+    "--device-tokens",
+    "2048",
+    "--page-size",
+    "16",
+    "--prefetch-threshold",
+    "64",
+    "--hicache-storage-prefetch-policy",
+    "wait_complete",
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +77,24 @@ def finding(data: dict) -> str | None:
 
 def test_every_playbook_parses_and_the_required_ones_exist():
     names = {p.name for p in list_playbooks()}
-    assert names >= {"no-l3-hit", "short-storage-hit", "recomputed-after-get", "te-not-reused", "master-unreachable", "dtype-mismatch"}
+    assert names >= {
+        "no-l3-hit",
+        "short-storage-hit",
+        "recomputed-after-get",
+        "te-not-reused",
+        "master-unreachable",
+        "dtype-mismatch",
+    }
     result = hicache(["playbook", "show", "no-l3-hit", "--json"])
     assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 9
 
 
 def test_conditions():
     data = {"a": {"b": [1, 2]}, "d": [{"k": "x"}, {"k": "y"}], "n": 3, "s": "hello"}
-    assert holds('a.b[1] == 2', data) and holds('d[*].k contains "y"', data) and holds('n > 2 and s contains "ell"', data)
-    assert not holds('d[*].k contains "z"', data) and not holds('missing.path == 1', data)
+    assert (
+        holds("a.b[1] == 2", data) and holds('d[*].k contains "y"', data) and holds('n > 2 and s contains "ell"', data)
+    )
+    assert not holds('d[*].k contains "z"', data) and not holds("missing.path == 1", data)
     assert resolve_path(data, "d[*].k") == ["x", "y"]
     with pytest.raises(Exception, match="not PATH OP VALUE"):
         parse_condition("this is not a condition")
@@ -130,7 +148,11 @@ def test_never_written_prompt_is_diagnosed_the_same_twice_and_stays_unwritten(wr
     ],
 )
 def test_bad_input_is_exit_2_before_any_check(tmp_path, args, fragment):
-    files = {"prompt": tmp_path / "p.json", "malformed": tmp_path / "malformed.json", "two_lines": tmp_path / "two.jsonl"}
+    files = {
+        "prompt": tmp_path / "p.json",
+        "malformed": tmp_path / "malformed.json",
+        "two_lines": tmp_path / "two.jsonl",
+    }
     files["prompt"].write_text(json.dumps(list(range(64))))
     files["malformed"].write_text("[1, 2,")
     files["two_lines"].write_text('{"input_ids": [1, 2]}\n{"input_ids": [3, 4]}\n')
@@ -152,7 +174,12 @@ def test_skipped_checks_name_real_options(writer, tmp_path):
     "reader_args, tokens, namespace, expected",
     [
         ((), 48, {}, "2. Below the prefetch threshold"),
-        (("--hicache-storage-prefetch-policy", "timeout", "--inject-l3-latency-ms", "500"), 160, {}, "3. best_effort or timeout cut the prefetch"),
+        (
+            ("--hicache-storage-prefetch-policy", "timeout", "--inject-l3-latency-ms", "500"),
+            160,
+            {},
+            "3. best_effort or timeout cut the prefetch",
+        ),
         ((), 160, {"cache_salt": "tenant-a"}, "4. Namespace or salt mismatch"),
         (("--sglang-version", "0.5.14"), 160, {}, "5. Mixed SGLang versions"),
         (("--model-name", "other/model"), 160, {}, "6. Model-prefix or tag mismatch"),
@@ -183,8 +210,8 @@ def test_no_l3_hit_never_written_anywhere(reader_factory, tmp_path):
 
 
 def test_short_storage_hit(writer, reader_factory, tmp_path):
-    from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
+    from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
     reader = reader_factory()
     healthy = prompt(tmp_path, written_by=writer)
@@ -206,7 +233,16 @@ def test_short_storage_hit(writer, reader_factory, tmp_path):
 def test_recomputed_after_get(writer, tmp_path_factory, tmp_path):
     rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
     l3 = ("--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
-    small = ("--device-tokens", "256", "--page-size", "4", "--prefetch-threshold", "4", "--hicache-storage-prefetch-policy", "wait_complete")
+    small = (
+        "--device-tokens",
+        "256",
+        "--page-size",
+        "4",
+        "--prefetch-threshold",
+        "4",
+        "--hicache-storage-prefetch-policy",
+        "wait_complete",
+    )
     w, r = Serve(tmp_path_factory.mktemp("w4"), *small, *l3), Serve(tmp_path_factory.mktemp("r4"), *small, *l3)
     try:
         healthy = prompt(tmp_path, 64, written_by=w)
@@ -224,9 +260,19 @@ def test_recomputed_after_get(writer, tmp_path_factory, tmp_path):
 
 def test_dtype_mismatch(writer, reader_factory, tmp_path, tmp_path_factory):
     reader = reader_factory()
-    assert run_book("dtype-mismatch", "--serve", reader.url, "--prompt", prompt(tmp_path, written_by=writer))[1]["status"] == "pass"
+    assert (
+        run_book("dtype-mismatch", "--serve", reader.url, "--prompt", prompt(tmp_path, written_by=writer))[1]["status"]
+        == "pass"
+    )
     rpc, metrics = writer.info["master_rpc_address"], writer.info["master_metrics_address"]
-    fp8 = Serve(tmp_path_factory.mktemp("fp8"), *BASE, "--dtype", "fp8_e4m3", "--l3", f"mooncake://{rpc}?metrics={metrics.split(':')[1]}")
+    fp8 = Serve(
+        tmp_path_factory.mktemp("fp8"),
+        *BASE,
+        "--dtype",
+        "fp8_e4m3",
+        "--l3",
+        f"mooncake://{rpc}?metrics={metrics.split(':')[1]}",
+    )
     try:
         written = prompt(tmp_path, written_by=fp8)
         code, data = run_book("dtype-mismatch", "--serve", reader.url, "--prompt", written)
@@ -248,9 +294,20 @@ def test_dtype_mismatch(writer, reader_factory, tmp_path, tmp_path_factory):
 
 def test_master_unreachable(writer, tmp_path):
     good = tmp_path / "mooncake.json"
-    good.write_text(json.dumps({"master_server_address": writer.info["master_rpc_address"], "metadata_server": "P2PHANDSHAKE",
-                                "protocol": "tcp", "device_name": "", "local_hostname": "127.0.0.1"}))
-    code, data = run_book("master-unreachable", "--master", writer.info["master_metrics_address"], "--config", str(good))
+    good.write_text(
+        json.dumps(
+            {
+                "master_server_address": writer.info["master_rpc_address"],
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "tcp",
+                "device_name": "",
+                "local_hostname": "127.0.0.1",
+            }
+        )
+    )
+    code, data = run_book(
+        "master-unreachable", "--master", writer.info["master_metrics_address"], "--config", str(good)
+    )
     assert code == 0 and data["status"] == "pass", data
     code, data = run_book("master-unreachable", "--master", "127.0.0.1:1", "--config", str(good))
     assert code == 1 and finding(data) == "1. The master answers"
@@ -266,8 +323,16 @@ def test_master_unreachable(writer, tmp_path):
 def test_te_not_reused(tmp_path, monkeypatch):
     flags = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
     config = tmp_path / "mooncake.json"
-    config.write_text(json.dumps({"master_server_address": "127.0.0.1:50051", "metadata_server": "P2PHANDSHAKE",
-                                  "protocol": "rdma", "device_name": "mlx5_0"}))
+    config.write_text(
+        json.dumps(
+            {
+                "master_server_address": "127.0.0.1:50051",
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "rdma",
+                "device_name": "mlx5_0",
+            }
+        )
+    )
     # Default environment: MOONCAKE_DEVICE "" against no IB flag (None) - not reused.
     monkeypatch.delenv("MOONCAKE_DEVICE", raising=False)
     monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:50051")  # the deployment's environment
@@ -275,7 +340,9 @@ def test_te_not_reused(tmp_path, monkeypatch):
     assert code == 1 and finding(data) == "1. The reuse rule", data
     # Same device on both sides: reused, with and without the config file.
     monkeypatch.setenv("MOONCAKE_DEVICE", "mlx5_0")
-    code, data = run_book("te-not-reused", "--server-args", f"{flags} --disaggregation-ib-device mlx5_0", "--config", str(config))
+    code, data = run_book(
+        "te-not-reused", "--server-args", f"{flags} --disaggregation-ib-device mlx5_0", "--config", str(config)
+    )
     assert code == 0 and data["status"] == "pass", data
 
 

@@ -16,8 +16,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine-without-CUDA path")
 def test_without_cuda_runs_nothing_and_exits_0(tmp_path):
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
     assert not out.exists()
@@ -25,8 +26,13 @@ def test_without_cuda_runs_nothing_and_exits_0(tmp_path):
 
 def test_serve_session_reads_every_page_back_from_l3(tmp_path):
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     summary = json.loads(out.read_text())
     assert proc.returncode == 0, summary
     serve = summary["steps"]["serve"]

@@ -8,10 +8,10 @@ import time
 
 import numpy as np
 import pytest
-from serve_process import Serve
 
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.server.client import ServeClient
+from serve_process import Serve
 
 
 def test_slow_serve_is_told_apart_from_a_silent_one(tmp_path, silent_server):

@@ -10,9 +10,9 @@ import time
 
 import httpx
 import pytest
-from serve_process import Serve, pid_alive
 
 from hicache_ops.errors import UnreachableError
+from serve_process import Serve, pid_alive
 
 # Bounds are loose upper limits for a loaded 2-core machine, not performance figures.
 NOTICE_S = 10.0

@@ -9,14 +9,23 @@ import time
 
 import numpy as np
 import pytest
-from serve_process import HICACHE, Serve, pid_alive
 
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import free_port
 from hicache_ops.server.client import ServeClient
+from serve_process import HICACHE, Serve, pid_alive
 
 # wait_complete: storage-hit assertions must not depend on how fast L3 reads are on a busy machine.
-ARGS = ("--device-tokens", "1024", "--page-size", "16", "--prefetch-threshold", "32", "--hicache-storage-prefetch-policy", "wait_complete")
+ARGS = (
+    "--device-tokens",
+    "1024",
+    "--page-size",
+    "16",
+    "--prefetch-threshold",
+    "32",
+    "--hicache-storage-prefetch-policy",
+    "wait_complete",
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +67,9 @@ def test_concurrent_clients_exact_accounting(serve):
         local = np.random.default_rng(i)
         with ServeClient(serve.url) as client:
             for _ in range(50):
-                prompt = shared[int(local.integers(4))] + local.integers(0, 50_000, size=int(local.integers(1, 40))).tolist()
+                prompt = (
+                    shared[int(local.integers(4))] + local.integers(0, 50_000, size=int(local.integers(1, 40))).tolist()
+                )
                 try:
                     r = client.prefill(prompt)
                     check_breakdown(r)
@@ -148,6 +159,8 @@ def test_stop_takes_down_the_master(tmp_path):
     ],
 )
 def test_bad_flags_exit_2(args, fragment):
-    proc = subprocess.run([HICACHE, "serve", "--port", str(free_port()), *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [HICACHE, "serve", "--port", str(free_port()), *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr

@@ -13,7 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 
+# SGLang's real classes (a test dependency); no GPU needed for any of them.
+from sglang.srt.arg_groups.hicache_hook import handle_hicache  # noqa: E402
+from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLAHostAllocation, MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+from cli_runner import hicache
+from hicache_ops.commands.inspect.layout import inspect_layout, parse_pages
 from hicache_ops.errors import InputError
+from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
 from hicache_ops.sglang.host_pool import (
     HEAD_DIM,
     HEADS_PER_RANK,
@@ -28,20 +40,7 @@ from hicache_ops.sglang.host_pool import (
     DevicePoolLayout,
     HostPoolLayout,
 )
-from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
-from hicache_ops.inspect.layout import inspect_layout, parse_pages
 from hicache_ops.sglang.rewrites import resolve_layout
-
-# SGLang's real classes (a test dependency); no GPU needed for any of them.
-from sglang.srt.arg_groups.hicache_hook import handle_hicache  # noqa: E402
-from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mla import MLAHostAllocation, MLATokenToKVPoolHost  # noqa: E402
-from sglang.srt.server_args import ServerArgs  # noqa: E402
-from cli_runner import hicache
-
 
 # SGLang checks requested host bytes against this machine's free memory minus 10 GiB; book the
 # tiny pools below against a fixed budget (SGLang's own scope) so a busy machine cannot fail them.
@@ -89,8 +88,14 @@ def sglang_host_pool(geo, layout, page_size, device_tokens, ratio=2.0, size_gb=0
     with host_memory_budget_scope(BUDGET):
         if geo.mla:
             host = MLATokenToKVPoolHost(
-                info, ratio, size_gb, page_size, layout,
-                target_layer_num=dev.layer_num, override_kv_cache_dim=dev.kv_cache_dim, **common,
+                info,
+                ratio,
+                size_gb,
+                page_size,
+                layout,
+                target_layer_num=dev.layer_num,
+                override_kv_cache_dim=dev.kv_cache_dim,
+                **common,
             )
         else:
             host = MHATokenToKVPoolHost(info, ratio, size_gb, page_size, layout, **common)
@@ -202,8 +207,17 @@ def test_hicache_size_gb_matches_sglang(name, size_gb):
         size_per_token=geo.bytes_per_token(),
     )
     host = MLATokenToKVPoolHost(
-        alloc, 2.0, size_gb, ps, "page_first", pin_memory=False, device="cpu",
-        device_capacity_tokens=dev_tokens, start_layer=0, end_layer=geo.layers - 1, target_layer_num=geo.layers,
+        alloc,
+        2.0,
+        size_gb,
+        ps,
+        "page_first",
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=dev_tokens,
+        start_layer=0,
+        end_layer=geo.layers - 1,
+        target_layer_num=geo.layers,
     )
     ours = HostPoolLayout(geo, "page_first", ps, dev_tokens, hicache_size_gb=size_gb)
     assert (ours.size, ours.page_num) == (host.size, host.page_num)
@@ -344,7 +358,11 @@ def test_mha_layer_first_with_mooncake_is_not_zero_copy():
 def test_report_applies_rewrite_and_flags_page_head_direct():
     report = inspect_layout(PRESETS["tiny"], layout="layer_first", io_backend="direct", page_size=4, device_tokens=16)
     data = report.to_json()
-    assert (data["layout"], data["effective_layout"], data["io_backend"]) == ("layer_first", "page_first_direct", "direct")
+    assert (data["layout"], data["effective_layout"], data["io_backend"]) == (
+        "layer_first",
+        "page_first_direct",
+        "direct",
+    )
     assert data["rewrites"] and data["rewrites"][0] in data["notes"]
     bad = inspect_layout(PRESETS["tiny"], layout="page_head", io_backend="direct", page_size=4, device_tokens=16)
     assert any("page_head with the direct io backend" in w for w in bad.warnings)
@@ -373,8 +391,21 @@ def test_cli_json_shape():
     result = invoke("--preset", "tiny", "--page-size", "4", "--device-tokens", "32", "--pages", "0,2,5", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for key in ("layout", "effective_layout", "io_backend", "bytes_per_token", "size_tokens", "page_num",
-                "buffers", "pages", "notes", "bytes_per_page", "host_bytes", "geometry", "warnings"):
+    for key in (
+        "layout",
+        "effective_layout",
+        "io_backend",
+        "bytes_per_token",
+        "size_tokens",
+        "page_num",
+        "buffers",
+        "pages",
+        "notes",
+        "bytes_per_page",
+        "host_bytes",
+        "geometry",
+        "warnings",
+    ):
         assert key in data
     assert (data["size_tokens"], data["page_num"], data["bytes_per_token"]) == (68, 17, 256)
     assert [p["index"] for p in data["pages"]] == [0, 2, 5]
@@ -387,13 +418,33 @@ def test_cli_json_shape():
 
 
 def test_cli_explicit_geometry_and_rewrite():
-    result = invoke("--mla", "--layers", "3", "--kv-lora-rank", "16", "--qk-rope-head-dim", "8",
-                    "--layout", "layer_first", "--io-backend", "direct", "--page-size", "4",
-                    "--device-tokens", "64", "--sglang-version", "0.5.14", "--json")
+    result = invoke(
+        "--mla",
+        "--layers",
+        "3",
+        "--kv-lora-rank",
+        "16",
+        "--qk-rope-head-dim",
+        "8",
+        "--layout",
+        "layer_first",
+        "--io-backend",
+        "direct",
+        "--page-size",
+        "4",
+        "--device-tokens",
+        "64",
+        "--sglang-version",
+        "0.5.14",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert (data["effective_layout"], data["io_backend"], data["sglang_version"]) == (
-        "page_first_direct", "direct", "0.5.14")
+        "page_first_direct",
+        "direct",
+        "0.5.14",
+    )
     assert data["buffers"][0]["shape"] == [33, 3, 4, 1, 24]
 
 
@@ -407,8 +458,10 @@ def test_cli_human_rendering():
     "args, fragment",
     [
         (["--preset", "tiny-mla", "--layout", "page_head"], "not supported for MLA"),
-        (["--mla", "--layers", "2", "--kv-lora-rank", "8", "--qk-rope-head-dim", "4", "--layout", "page_head"],
-         "not supported for MLA"),
+        (
+            ["--mla", "--layers", "2", "--kv-lora-rank", "8", "--qk-rope-head-dim", "4", "--layout", "page_head"],
+            "not supported for MLA",
+        ),
         (["--preset", "tiny", "--page-size", "0"], "page-size 0"),
         (["--preset", "tiny", "--page-size", "-4"], "page-size -4"),
         (["--preset", "gpt-5"], "preset 'gpt-5' is unknown"),
@@ -475,9 +528,7 @@ def _documented_shapes(section: str) -> dict[str, str]:
 )
 def test_host_buffer_table_is_what_docs_say(section, table):
     documented = _documented_shapes(section)
-    assert {layout: buf.describe() for layout, buf in table.items()} == {
-        layout: documented[layout] for layout in table
-    }
+    assert {layout: buf.describe() for layout, buf in table.items()} == {layout: documented[layout] for layout in table}
 
 
 def test_canonical_order_puts_each_token_where_the_layout_does():

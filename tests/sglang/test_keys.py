@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_ops.sglang import keys as keys_mod
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.keys import Deployment, ObjectKeyScheme, dcp_topology, namespace_seed, page_keys
+from hicache_ops.sglang import page_keys as keys_mod
+from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme, dcp_topology, namespace_seed, page_keys
 
 # Computed with SGLang 0.5.23's own functions (shared/refs), kept here so the test always runs.
 REFS = json.loads((Path(__file__).parents[1] / "data" / "sglang_public_refs.json").read_text())
@@ -117,7 +117,11 @@ def test_native_and_python_loops_agree(tokens, page_size, seed):
 
 
 def test_native_loop_refuses_out_of_range_tokens():
-    for bad in (np.array([1, -1], dtype=np.int64), np.array([1, 2**32], dtype=np.uint64), np.array([-3, 1], dtype=np.int32)):
+    for bad in (
+        np.array([1, -1], dtype=np.int64),
+        np.array([1, 2**32], dtype=np.uint64),
+        np.array([-3, 1], dtype=np.int32),
+    ):
         with pytest.raises(OverflowError):
             keys_mod._pagehash.chain(bad, 2, None)
 
@@ -181,7 +185,15 @@ PK = "ab" * 32
         (dict(version="0.5.14", model_name="Qwen/Qwen3-0.6B"), [f"{PK}_0_k", f"{PK}_0_v"]),
         (dict(version="0.5.14", extra_backend_tag="blue"), [f"blue_{PK}_0_k", f"blue_{PK}_0_v"]),
         (
-            dict(version="0.5.23", model_name="deepseek-ai/DeepSeek-V3", mla=True, tp_size=8, tp_rank=3, dcp_size=4, page_size=64),
+            dict(
+                version="0.5.23",
+                model_name="deepseek-ai/DeepSeek-V3",
+                mla=True,
+                tp_size=8,
+                tp_rank=3,
+                dcp_size=4,
+                page_size=64,
+            ),
             [f"deepseek-ai-DeepSeek-V3_tp8_dcp4_page64_pp1_cp1_{PK}_dcp3_cp0_k"],
         ),
         (
@@ -201,12 +213,16 @@ def test_mla_only_rank_zero_writes():
 
 
 def test_dcp_writers_are_the_first_dcp_group():
-    writers = [ObjectKeyScheme("0.5.23", mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=64).writes for r in range(8)]
+    writers = [
+        ObjectKeyScheme("0.5.23", mla=True, tp_size=8, tp_rank=r, dcp_size=4, page_size=64).writes for r in range(8)
+    ]
     assert writers == [True] * 4 + [False] * 4
     assert [ObjectKeyScheme("0.5.14", mla=True, tp_size=2, tp_rank=r).writes for r in range(2)] == [True, False]
     dep = Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, page_size=64)
     assert [s.tp_rank for s in dep.schemes()] == [0, 1, 2, 3]
-    assert [s.tp_rank for s in Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, dcp_rank=2, page_size=64).schemes()] == [2]
+    assert [
+        s.tp_rank for s in Deployment("0.5.23", mla=True, tp_size=8, dcp_size=4, dcp_rank=2, page_size=64).schemes()
+    ] == [2]
     with pytest.raises(InputError, match="DCP shard 1, not 2"):
         Deployment("0.5.23", mla=True, tp_size=8, tp_rank=5, dcp_size=4, dcp_rank=2, page_size=64).schemes()
     with pytest.raises(InputError, match="tp ranks 0..3"):
@@ -215,7 +231,13 @@ def test_dcp_writers_are_the_first_dcp_group():
 
 def test_dcp_prefix_round_trips():
     scheme = ObjectKeyScheme("0.5.23", model_name="m", mla=True, tp_size=4, dcp_size=2, page_size=32)
-    assert dcp_topology(scheme.prefix) == {"tp_size": 4, "dcp_size": 2, "page_size": 32, "pp_size": 1, "attn_cp_size": 1}
+    assert dcp_topology(scheme.prefix) == {
+        "tp_size": 4,
+        "dcp_size": 2,
+        "page_size": 32,
+        "pp_size": 1,
+        "attn_cp_size": 1,
+    }
     assert dcp_topology("m_") is None and dcp_topology("") is None
 
 

@@ -26,10 +26,10 @@ from array import array
 import pytest
 
 from cli_runner import hicache
-from hicache_ops.mooncake.store import StoreClient
-from hicache_ops.sglang.keys import Deployment
+from hicache_ops.mooncake.store_client import StoreClient
 from hicache_ops.sglang.l3_layout import flat_suffixes, parse_l3_layout, rule_disagreements
-from hicache_ops.sglang.pools import PoolSpec, pool_suffixes
+from hicache_ops.sglang.page_keys import Deployment
+from hicache_ops.sglang.side_pool_specs import PoolSpec, pool_suffixes
 from sglang_server import FakeRoutes, HttpServer, body_0_5_23, json_route, write_tiny_model
 
 PAGE = 16
@@ -59,15 +59,32 @@ def host_pool(mla: bool):
         device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
                                   layer_num=2, **common)  # fmt: skip
         host = MLATokenToKVPoolHost(
-            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first", pin_memory=False,
-            device="cpu", device_capacity_tokens=device.size, start_layer=0, end_layer=2, target_layer_num=2,
+            device.get_device_pool_infos()[0].buffer_info,
+            2.0,
+            0,
+            PAGE,
+            "page_first",
+            pin_memory=False,
+            device="cpu",
+            device_capacity_tokens=device.size,
+            start_layer=0,
+            end_layer=2,
+            target_layer_num=2,
             override_kv_cache_dim=device.kv_cache_dim,
         )
     else:
         device = MHATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.float16, head_num=4, head_dim=8, layer_num=2, **common)
         host = MHATokenToKVPoolHost(
-            device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first", pin_memory=False,
-            device="cpu", device_capacity_tokens=device.size, start_layer=0, end_layer=2,
+            device.get_device_pool_infos()[0].buffer_info,
+            2.0,
+            0,
+            PAGE,
+            "page_first",
+            pin_memory=False,
+            device="cpu",
+            device_capacity_tokens=device.size,
+            start_layer=0,
+            end_layer=2,
         )
     host.kv_buffer.view(torch.uint8).random_(0, 255)
     return host
@@ -91,7 +108,9 @@ def sglang_store(master, *, mla=True, pp_size=1, pp_rank=0, side=SIDE):
         if name == "draft":
             store.register_mem_host_pool_v2(host_pool(mla), PoolName.DRAFT)
         elif name == "mamba":  # what the key builder reads of a Mamba host pool
-            store.registered_pools[PoolName.MAMBA] = types.SimpleNamespace(conv_buffer=[None], temporal_state_elem_size=1)
+            store.registered_pools[PoolName.MAMBA] = types.SimpleNamespace(
+                conv_buffer=[None], temporal_state_elem_size=1
+            )
         else:
             store.registered_pools[PoolName(name)] = types.SimpleNamespace()
     return store
@@ -104,7 +123,9 @@ def route_reply(stores) -> dict:
     from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
 
     layouts = [
-        msgspec_to_builtins(s.describe_l3_object_layout(sidecar_pool_specs=(), swa_trailing_pages=SWA_WINDOW, page_size=PAGE))
+        msgspec_to_builtins(
+            s.describe_l3_object_layout(sidecar_pool_specs=(), swa_trailing_pages=SWA_WINDOW, page_size=PAGE)
+        )
         for s in stores
     ]
     return jsonable_encoder(merge_l3_layouts(layouts) or disabled_l3_layout("No scheduler layout replies"))
@@ -231,7 +252,9 @@ def sglang_lookup(store, reply: dict, keys: list[str]) -> dict:
             continue
         if pool["hit_policy"] == "trailing_pages":
             window = pool["trailing_pages"]
-            query.append(PoolTransfer(name=PoolName(pool["pool"]), keys=keys[-window:], hit_policy=PoolHitPolicy.TRAILING_PAGES))
+            query.append(
+                PoolTransfer(name=PoolName(pool["pool"]), keys=keys[-window:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+            )
         else:
             query.append(PoolTransfer(name=PoolName(pool["pool"])))
     result = store.batch_exists_v2(keys, query)
@@ -290,7 +313,10 @@ def test_store_checks_the_servers_pools(fresh_mooncake_master, sglang_server):
     assert data["pool_source"] == "l3_layout" and data["server_pools"]["key_prefix"] == "org-m"
     pools = {p["pool"]: p for p in data["server_pools"]["pools"]}
     assert list(pools) == ["kv", *SIDE]
-    got = {name: (p["suffixes"], p["pages"], p["complete_pages"], p.get("kv_pages_without_pool")) for name, p in pools.items()}
+    got = {
+        name: (p["suffixes"], p["pages"], p["complete_pages"], p.get("kv_pages_without_pool"))
+        for name, p in pools.items()
+    }
     assert got == {
         "kv": (["__k"], PAGES, PAGES, None),
         "indexer": (["__indexer"], 3, 3, PAGES - 3),
@@ -318,8 +344,16 @@ def test_pool_flags_that_disagree_are_listed_and_the_servers_win(mla_store, sgla
         {"pool": "draft", "field": "suffixes", "server": ["__draft_k"], "flag": ["_0_draft_k", "_0_draft_v"]},
         {"pool": "deepseek_v4_c4", "field": "pool", "server": False, "flag": True},
     ]
-    assert [(p["name"], p["trailing_pages"]) for p in data["pools"]] == [("indexer", None), ("swa", SWA_WINDOW), ("draft", None)]
-    assert all(key.endswith(("__k", "__indexer", "__swa", "__draft_k")) for page in data["pages"] for key in page["object_keys"])
+    assert [(p["name"], p["trailing_pages"]) for p in data["pools"]] == [
+        ("indexer", None),
+        ("swa", SWA_WINDOW),
+        ("draft", None),
+    ]
+    assert all(
+        key.endswith(("__k", "__indexer", "__swa", "__draft_k"))
+        for page in data["pages"]
+        for key in page["object_keys"]
+    )
     human = hicache(args)
     assert human.exit_code == 0, human.output
     assert "side pools from the server's L3 layout" in human.stdout

@@ -13,10 +13,10 @@ import shlex
 
 import pytest
 
+from cli_runner import hicache
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.flag_names import SGLANG_FLAGS
 from hicache_ops.sglang.launch import _READ_FLAGS, load_extra_config, parse_server_args, resolve_flag
-from cli_runner import hicache
 from sglang_0_5_14 import run_0_5_14
 
 HICACHE = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
@@ -51,19 +51,28 @@ def test_flag_names_are_sglangs_own_for_both_versions():
 
 
 def test_flags_read_here_match_sglangs_argparse():
-    flags = (HICACHE + " --tp 4 --pp-size=2 --disaggregation-ib '{\"0\": \"mlx5_0\"}' --base-gpu-id 1"
-             " --model-path Qwen/Qwen3-0.6B --mem-fraction-static 0.8 --enable-dp-attention --dp-size 2")
+    flags = (
+        HICACHE + ' --tp 4 --pp-size=2 --disaggregation-ib \'{"0": "mlx5_0"}\' --base-gpu-id 1'
+        " --model-path Qwen/Qwen3-0.6B --mem-fraction-static 0.8 --enable-dp-attention --dp-size 2"
+    )
     ours = parse_server_args(flags, "0.5.23")
     theirs = sglang_parser().parse_args(shlex.split(flags))
-    assert (ours.tp_size, ours.pp_size, ours.base_gpu_id) == (theirs.tp_size, theirs.pp_size, theirs.base_gpu_id) == (4, 2, 1)
+    assert (
+        (ours.tp_size, ours.pp_size, ours.base_gpu_id)
+        == (theirs.tp_size, theirs.pp_size, theirs.base_gpu_id)
+        == (4, 2, 1)
+    )
     assert ours.disaggregation_ib_device == theirs.disaggregation_ib_device == '{"0": "mlx5_0"}'
     assert ours.enable_hierarchical_cache and ours.warnings == []  # `--tp` is argparse's abbreviation of --tp-size
 
 
 @pytest.mark.parametrize(
     "flag, suggestion",
-    [("--disaggregaton-ib-device", "--disaggregation-ib-device"), ("--mooncake-ib-devices", "--mooncake-ib-device"),
-     ("--enable-hierachical-cache", "--enable-hierarchical-cache")],
+    [
+        ("--disaggregaton-ib-device", "--disaggregation-ib-device"),
+        ("--mooncake-ib-devices", "--mooncake-ib-device"),
+        ("--enable-hierachical-cache", "--enable-hierarchical-cache"),
+    ],
 )
 def test_an_unknown_flag_is_a_warning_naming_the_closest(flag, suggestion):
     args = parse_server_args(f"{HICACHE} {flag} mlx5_0", "0.5.23")
@@ -102,8 +111,14 @@ def test_server_args_from_a_file_with_a_launcher_prefix_and_comments(tmp_path):
 
 @pytest.mark.parametrize(
     "text, phrase",
-    [("--tp-size '2", "not valid shell words"), ("--tp-size two", "not an integer"), ("--tp-size", "has no value"),
-     ("--encoder-only=1", "takes no value"), ("--tp-size 3 --attn-dp-size 2", "not divisible"), ("@/no/such/args", "does not exist")],
+    [
+        ("--tp-size '2", "not valid shell words"),
+        ("--tp-size two", "not an integer"),
+        ("--tp-size", "has no value"),
+        ("--encoder-only=1", "takes no value"),
+        ("--tp-size 3 --attn-dp-size 2", "not divisible"),
+        ("@/no/such/args", "does not exist"),
+    ],
 )
 def test_bad_flags_are_one_sentence(text, phrase):
     with pytest.raises(InputError) as err:
@@ -113,8 +128,13 @@ def test_bad_flags_are_one_sentence(text, phrase):
 
 # --- extra-config --------------------------------------------------------------------------------
 
-CONFIG = {"master_server_address": "10.0.0.1:50051", "protocol": "rdma", "device_name": "mlx5_0",
-          "global_segment_size": 4294967296, "extra_backend_tag": "t"}
+CONFIG = {
+    "master_server_address": "10.0.0.1:50051",
+    "protocol": "rdma",
+    "device_name": "mlx5_0",
+    "global_segment_size": 4294967296,
+    "extra_backend_tag": "t",
+}
 WRITERS = {
     ".json": json.dumps,
     ".toml": lambda d: "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items()),
@@ -135,7 +155,10 @@ def test_extra_config_files_read_as_sglang_reads_them(tmp_path, suffix):
 
 def test_extra_config_inline_json():
     assert load_extra_config(json.dumps(CONFIG), where="--extra-config") == CONFIG
-    assert load_extra_config(None, where="--extra-config") is None and load_extra_config(" ", where="--extra-config") is None
+    assert (
+        load_extra_config(None, where="--extra-config") is None
+        and load_extra_config(" ", where="--extra-config") is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -170,8 +193,19 @@ def test_bad_extra_config_is_one_sentence(tmp_path, name, body, phrase):
 def test_te_check_and_tap_take_the_same_extra_config_files(tmp_path, suffix):
     path = tmp_path / f"mooncake{suffix}"
     path.write_text(WRITERS[suffix](CONFIG))
-    te = hicache(["te", "check", "--json", "--extra-config", f"@{path}", "--sglang-version", "0.5.23",
-                  "--server-args", HICACHE + " --disaggregation-ib-device mlx5_0"])
+    te = hicache(
+        [
+            "te",
+            "check",
+            "--json",
+            "--extra-config",
+            f"@{path}",
+            "--sglang-version",
+            "0.5.23",
+            "--server-args",
+            HICACHE + " --disaggregation-ib-device mlx5_0",
+        ]
+    )
     assert te.exit_code == 0, te.output  # device_name mlx5_0 on both sides, rdma, P2PHANDSHAKE default
     assert json.loads(te.stdout)["store_config"]["origin"] == "extra_config"
     tap = hicache(["tap", "--json", "--extra-config", f"@{path}", "--path", str(tmp_path / "t.jsonl")])

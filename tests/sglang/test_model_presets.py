@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hicache_ops.sglang import geometry
-from hicache_ops.sglang.pools import PRESETS, V0_5_23
+from hicache_ops.sglang.side_pool_specs import PRESETS, V0_5_23
 
 
 def test_gpt_oss_preset_is_gpt_oss_120b():
@@ -16,10 +16,19 @@ def test_gpt_oss_preset_is_gpt_oss_120b():
     config = GptOssConfig()  # its defaults are gpt-oss-120b's
     kinds = Counter(config.layer_types)
     kv = geometry.preset("gpt-oss-120b")
-    assert (kv.layers, kv.kv_heads, kv.head_dim) == (kinds["full_attention"], config.num_key_value_heads, config.head_dim)
+    assert (kv.layers, kv.kv_heads, kv.head_dim) == (
+        kinds["full_attention"],
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     chosen = PRESETS["gpt-oss"]
     (swa,) = chosen.pools
-    assert (swa.name, swa.layers, swa.heads, swa.head_dim) == ("swa", kinds["sliding_attention"], config.num_key_value_heads, config.head_dim)
+    assert (swa.name, swa.layers, swa.heads, swa.head_dim) == (
+        "swa",
+        kinds["sliding_attention"],
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     assert chosen.sliding_window_tokens == config.sliding_window
     assert chosen.geometry == "gpt-oss-120b" and not chosen.mla
 
@@ -36,9 +45,13 @@ def test_qwen3_next_preset_matches_sglang_state_shapes():
     # The arguments Qwen3NextConfig.mamba2_cache_params passes, at tensor parallel 1 (the preset
     # states tp-size-1 shapes; that property reads a parallel state a test process does not have).
     shape = Mamba2StateShape.create(
-        tp_world_size=1, intermediate_size=value_dim, n_groups=config.linear_num_key_heads,
-        num_heads=config.linear_num_value_heads, head_dim=config.linear_value_head_dim,
-        state_size=config.linear_key_head_dim, conv_kernel=config.linear_conv_kernel_dim,
+        tp_world_size=1,
+        intermediate_size=value_dim,
+        n_groups=config.linear_num_key_heads,
+        num_heads=config.linear_num_value_heads,
+        head_dim=config.linear_value_head_dim,
+        state_size=config.linear_key_head_dim,
+        conv_kernel=config.linear_conv_kernel_dim,
         conv_shard_groups=[key_dim, key_dim, value_dim],
     )
     dtypes = mamba2_state_dtype(config)
@@ -48,8 +61,13 @@ def test_qwen3_next_preset_matches_sglang_state_shapes():
     assert [tuple(s) for s in shape.conv] == [tuple(s) for s in mamba.conv_shapes] and mamba.conv == len(shape.conv)
     assert tuple(shape.temporal) == mamba.temporal_shape
     assert (str(dtypes.conv).removeprefix("torch."), str(dtypes.temporal).removeprefix("torch.")) == (
-        mamba.conv_dtype, mamba.temporal_dtype)
+        mamba.conv_dtype,
+        mamba.temporal_dtype,
+    )
     kv = geometry.preset(chosen.geometry)
     assert (kv.layers, kv.kv_heads, kv.head_dim) == (
-        len(config.full_attention_layer_ids), config.num_key_value_heads, config.head_dim)
+        len(config.full_attention_layer_ids),
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     assert V0_5_23 in chosen.versions

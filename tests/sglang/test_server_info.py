@@ -99,7 +99,11 @@ def test_interpret_reads_the_deployment(bodies, version):
     assert (info.tp_size, info.storage_tp_size, info.pp_size, info.dcp_size) == (2, 2, 1, 1)
     assert info.hierarchical_cache and info.storage_backend == "mooncake"
     assert (info.mem_layout, info.write_policy, info.hicache_ratio) == ("page_head", "write_back", 3.0)
-    assert info.extra_config == {"extra_backend_tag": "blue", "tp_lcm_size": 4, "master_server_address": "127.0.0.1:50051"}
+    assert info.extra_config == {
+        "extra_backend_tag": "blue",
+        "tp_lcm_size": 4,
+        "master_server_address": "127.0.0.1:50051",
+    }
     assert info.max_total_num_tokens == 20000
     deployment = info.deployment()
     assert deployment.version == version and deployment.layout == "page_head"
@@ -242,10 +246,16 @@ def test_trace_read_reproduces_the_server_and_a_given_policy_wins(bodies, serve_
     steps = [json.loads(line) for line in res.stdout.splitlines()]
     reader = steps[0]["detail"]["reader"]
     assert (reader["sglang_version"], reader["tp_size"], reader["model_name"]) == ("0.5.23", 2, "org/m")
-    assert (reader["layout"], reader["stop_policy"], reader["write_policy"]) == ("page_head", "timeout", "write_through")
+    assert (reader["layout"], reader["stop_policy"], reader["write_policy"]) == (
+        "page_head",
+        "timeout",
+        "write_through",
+    )
     assert steps[-1]["status"] == "PASS" and steps[-1]["detail"]["storage_hit"] == 288  # nine pages of 32
     assert "--hicache-write-policy write_through disagrees with the SGLang server (write_back)" in res.stderr
-    assert steps[0]["server_disagreements"] == [{"field": "write_policy", "flag": "write_through", "server": "write_back"}]
+    assert steps[0]["server_disagreements"] == [
+        {"field": "write_policy", "flag": "write_through", "server": "write_back"}
+    ]
     assert all("server_disagreements" not in s for s in steps[1:])
 
 
@@ -268,7 +278,9 @@ def l3_layout(key_prefix: str) -> dict:
 def test_l3_layout_route_tells_mla_and_checks_the_key_prefix(bodies):
     body = {**bodies["0.5.23"], "hicache_mem_layout": "page_first"}
     assert "hicache_object_layout" not in body  # the scheduler's copy is absent: the route is asked
-    server = HttpServer({"/server_info": json_route(body), "/get_hicache_l3_cache_layout": json_route(l3_layout("blue_org-m"))})
+    server = HttpServer(
+        {"/server_info": json_route(body), "/get_hicache_l3_cache_layout": json_route(l3_layout("blue_org-m"))}
+    )
     try:
         res, data = run_json(["inspect", "keys", "--tokens", TOKENS, "--sglang-url", server.url])
         server.httpd.routes["/get_hicache_l3_cache_layout"] = json_route(l3_layout("blue_org-m_tp8"))
@@ -279,7 +291,10 @@ def test_l3_layout_route_tells_mla_and_checks_the_key_prefix(bodies):
     assert [p["object_keys"] for p in data["pages"]] == [[f"blue_org-m_{p['page_key']}__k"] for p in data["pages"]]
     assert "--mla" in res.stderr and "key prefix" not in res.stderr
     assert other.exit_code == 0
-    assert "note: the server's L3 layout names key prefix 'blue_org-m_tp8'; its arguments give 'blue_org-m'." in other.stderr
+    assert (
+        "note: the server's L3 layout names key prefix 'blue_org-m_tp8'; its arguments give 'blue_org-m'."
+        in other.stderr
+    )
 
 
 def test_prefetch_lists_where_the_serve_does_not_mirror_the_server(bodies, serve_body, tmp_path):

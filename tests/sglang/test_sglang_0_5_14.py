@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry
 from hicache_ops.sglang.host_pool import LAYOUTS, MLA_HOST_BUFFERS, HostPoolLayout
-from hicache_ops.sglang.keys import page_keys
+from hicache_ops.sglang.page_keys import page_keys
 from hicache_ops.sglang.rewrites import IO_BACKENDS, resolve_layout
 from sglang_0_5_14 import draw, run_0_5_14
-
 
 # --- the examples -----------------------------------------------------------------------------
 
@@ -40,9 +39,15 @@ def pool_cases(draw_):
     # Ratios at or below 1 make pools 0.5.14 refuses (host not larger than device).
     ratio = draw_(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.3]))
     if mla:
-        case = dict(mla=True, layers=layers, kv_lora_rank=draw_(st.sampled_from([8, 16])),
-                    qk_rope_head_dim=draw_(st.sampled_from([4, 8])), tp=1, tp_lcm=None,
-                    layout=draw_(st.sampled_from(sorted(MLA_HOST_BUFFERS))))
+        case = dict(
+            mla=True,
+            layers=layers,
+            kv_lora_rank=draw_(st.sampled_from([8, 16])),
+            qk_rope_head_dim=draw_(st.sampled_from([4, 8])),
+            tp=1,
+            tp_lcm=None,
+            layout=draw_(st.sampled_from(sorted(MLA_HOST_BUFFERS))),
+        )
     else:
         kv_heads = draw_(st.sampled_from([1, 2, 4]))
         tp = draw_(st.sampled_from([t for t in (1, 2, 4) if t <= kv_heads or t % kv_heads == 0]))
@@ -50,8 +55,15 @@ def pool_cases(draw_):
         heads_per_rank = max(1, kv_heads // tp)
         factors = [f for f in (2, 4) if heads_per_rank % f == 0] if layout == "page_head" else []
         factor = draw_(st.sampled_from(factors)) if factors else None
-        case = dict(mla=False, layers=layers, kv_heads=kv_heads, head_dim=draw_(st.sampled_from([4, 8])), tp=tp,
-                    tp_lcm=tp * factor if factor else None, layout=layout)
+        case = dict(
+            mla=False,
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=draw_(st.sampled_from([4, 8])),
+            tp=tp,
+            tp_lcm=tp * factor if factor else None,
+            layout=layout,
+        )
     return {**case, "dtype": dtype, "page_size": page_size, "device_tokens": device_tokens, "ratio": ratio}
 
 
@@ -192,16 +204,27 @@ def test_host_pools_match_sglang(sglang_0_5_14):
         assert got.get("device_size", case["device_tokens"]) == case["device_tokens"], case
 
         def ours():
-            return HostPoolLayout(geometry_of(case), case["layout"], case["page_size"], case["device_tokens"],
-                                  hicache_ratio=case["ratio"], tp_size=case["tp"], tp_lcm_size=case["tp_lcm"],
-                                  sglang_version="0.5.14")
+            return HostPoolLayout(
+                geometry_of(case),
+                case["layout"],
+                case["page_size"],
+                case["device_tokens"],
+                hicache_ratio=case["ratio"],
+                tp_size=case["tp"],
+                tp_lcm_size=case["tp_lcm"],
+                sglang_version="0.5.14",
+            )
 
         if "refused" in got:  # SGLang 0.5.14 asserts host > device: so does our 0.5.14 pool
             with pytest.raises(InputError, match="not larger than the device pool"):
                 ours()
             continue
         pool = ours()
-        assert (pool.size, pool.page_num, pool.bytes_per_token) == (got["size"], got["page_num"], got["size_per_token"]), case
+        assert (pool.size, pool.page_num, pool.bytes_per_token) == (
+            got["size"],
+            got["page_num"],
+            got["size_per_token"],
+        ), case
         assert list(pool.buffer_shape) == got["shape"] and pool.buffers[0].dtype == got["dtype"], case
         assert pool.host_bytes == got["nbytes"], case
         if not case["mla"]:

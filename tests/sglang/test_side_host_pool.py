@@ -18,24 +18,23 @@ import json
 import pytest
 import torch
 from hypothesis import strategies as st
-
-from hicache_ops.errors import InputError
-from hicache_ops.sglang.geometry import PRESETS as PRESETS_GEOMETRY
-from hicache_ops.sglang.geometry import ModelGeometry
-from hicache_ops.sglang.host_pool import HostPoolLayout
-from hicache_ops.sglang.pools import PRESETS, PoolSpec, parse_pool
-from hicache_ops.sglang.side_host_pool import side_host_pools
-from cli_runner import hicache
-from sglang_0_5_14 import draw, run_0_5_14
-
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
 from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
+
+from cli_runner import hicache
+from hicache_ops.errors import InputError
+from hicache_ops.sglang.geometry import PRESETS as PRESETS_GEOMETRY
+from hicache_ops.sglang.geometry import ModelGeometry
+from hicache_ops.sglang.host_pool import HostPoolLayout
+from hicache_ops.sglang.side_host_pool import side_host_pools
+from hicache_ops.sglang.side_pool_specs import PRESETS, PoolSpec, parse_pool
+from sglang_0_5_14 import draw, run_0_5_14
 
 BUDGET = 1 << 40  # SGLang's own budget scope: tiny pools must not depend on this machine's free memory
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,19 +52,36 @@ def mamba_cases(draw_, version="0.5.23"):
         temporal = (1, 2, 2)  # 0.5.14 always keys the temporal state
     sized = draw_(st.booleans()) and version == "0.5.14"
     return {
-        "kind": "mamba", "tp": tp, "layers": draw_(st.integers(1, 3)), "slots": draw_(st.integers(1, 9)),
+        "kind": "mamba",
+        "tp": tp,
+        "layers": draw_(st.integers(1, 3)),
+        "slots": draw_(st.integers(1, 9)),
         "conv_shapes": [[a * tp, b] for a, b in conv],
         "temporal_shape": None if temporal is None else [temporal[0] * tp, *temporal[1:]],
-        "conv_dtype": draw_(st.sampled_from(sorted(DTYPES))), "temporal_dtype": draw_(st.sampled_from(sorted(DTYPES))),
-        "ratio": draw_(st.sampled_from([1.5, 2.0, 3.3])), "size_gb": 1e-6 * draw_(st.integers(2, 9)) if sized else 0,
-        "layout": "page_first_direct" if version == "0.5.14" else draw_(st.sampled_from(["page_first", "page_first_direct"])),
+        "conv_dtype": draw_(st.sampled_from(sorted(DTYPES))),
+        "temporal_dtype": draw_(st.sampled_from(sorted(DTYPES))),
+        "ratio": draw_(st.sampled_from([1.5, 2.0, 3.3])),
+        "size_gb": 1e-6 * draw_(st.integers(2, 9)) if sized else 0,
+        "layout": "page_first_direct"
+        if version == "0.5.14"
+        else draw_(st.sampled_from(["page_first", "page_first_direct"])),
     }
 
 
-def kv_case(kind, mla, layout, *, page_size=4, device_tokens=40, tokens=None, ratio=2.0, layers=2, heads=None, size_gb=0):
+def kv_case(
+    kind, mla, layout, *, page_size=4, device_tokens=40, tokens=None, ratio=2.0, layers=2, heads=None, size_gb=0
+):
     return {
-        "kind": kind, "mla": mla, "layout": layout, "page_size": page_size, "device_tokens": device_tokens,
-        "tokens": tokens, "ratio": ratio, "layers": layers, "heads": heads, "size_gb": size_gb,
+        "kind": kind,
+        "mla": mla,
+        "layout": layout,
+        "page_size": page_size,
+        "device_tokens": device_tokens,
+        "tokens": tokens,
+        "ratio": ratio,
+        "layers": layers,
+        "heads": heads,
+        "size_gb": size_gb,
     }
 
 
@@ -86,11 +102,16 @@ def kv_cases(version):
 
 
 def indexer_cases(version):
-    out = [{"kind": "indexer", "layout": layout, "layers": layers, "device_tokens": 256, "ratio": ratio}
-           for layout in ("layer_first", "page_first", "page_first_direct") for layers, ratio in ((2, 2.0), (1, 1.5))]
+    out = [
+        {"kind": "indexer", "layout": layout, "layers": layers, "device_tokens": 256, "ratio": ratio}
+        for layout in ("layer_first", "page_first", "page_first_direct")
+        for layers, ratio in ((2, 2.0), (1, 1.5))
+    ]
     if version == "0.5.23":
-        out += [{"kind": "draft_indexer", "layout": layout, "layers": 2, "device_tokens": 192, "ratio": 2.0}
-                for layout in ("page_first", "page_first_direct")]
+        out += [
+            {"kind": "draft_indexer", "layout": layout, "layers": 2, "device_tokens": 192, "ratio": 2.0}
+            for layout in ("page_first", "page_first_direct")
+        ]
     return out
 
 
@@ -108,21 +129,48 @@ def main_geometry(case) -> ModelGeometry:
 def ours(case, version):
     kind = case["kind"]
     if kind == "mamba":
-        kv = HostPoolLayout(ModelGeometry.mha(1, case["tp"], 4), case["layout"], 4, 64, hicache_ratio=case["ratio"],
-                            hicache_size_gb=case["size_gb"], tp_size=case["tp"], sglang_version=version)
-        spec = PoolSpec("mamba", conv=len(case["conv_shapes"]), temporal=case["temporal_shape"] is not None,
-                        layers=case["layers"], tokens=case["slots"],
-                        conv_shapes=tuple(tuple(s) for s in case["conv_shapes"]),
-                        temporal_shape=tuple(case["temporal_shape"]) if case["temporal_shape"] else None,
-                        conv_dtype=case["conv_dtype"], temporal_dtype=case["temporal_dtype"])
+        kv = HostPoolLayout(
+            ModelGeometry.mha(1, case["tp"], 4),
+            case["layout"],
+            4,
+            64,
+            hicache_ratio=case["ratio"],
+            hicache_size_gb=case["size_gb"],
+            tp_size=case["tp"],
+            sglang_version=version,
+        )
+        spec = PoolSpec(
+            "mamba",
+            conv=len(case["conv_shapes"]),
+            temporal=case["temporal_shape"] is not None,
+            layers=case["layers"],
+            tokens=case["slots"],
+            conv_shapes=tuple(tuple(s) for s in case["conv_shapes"]),
+            temporal_shape=tuple(case["temporal_shape"]) if case["temporal_shape"] else None,
+            conv_dtype=case["conv_dtype"],
+            temporal_dtype=case["temporal_dtype"],
+        )
         specs = [spec]
     elif kind in ("indexer", "draft_indexer"):
-        kv = HostPoolLayout(main_geometry(case), case["layout"], 64, case["device_tokens"],
-                            hicache_ratio=case["ratio"], sglang_version=version)
+        kv = HostPoolLayout(
+            main_geometry(case),
+            case["layout"],
+            64,
+            case["device_tokens"],
+            hicache_ratio=case["ratio"],
+            sglang_version=version,
+        )
         specs = [PoolSpec(kind, layers=case["layers"] if kind == "draft_indexer" else None)]
     else:
-        kv = HostPoolLayout(main_geometry(case), case["layout"], case["page_size"], case["device_tokens"],
-                            hicache_ratio=case["ratio"], hicache_size_gb=case["size_gb"], sglang_version=version)
+        kv = HostPoolLayout(
+            main_geometry(case),
+            case["layout"],
+            case["page_size"],
+            case["device_tokens"],
+            hicache_ratio=case["ratio"],
+            hicache_size_gb=case["size_gb"],
+            sglang_version=version,
+        )
         attention = ("mla" if case["mla"] else "mha") if kind != "swa" else None
         specs = [PoolSpec(kind, attention=attention, layers=case["layers"], tokens=case["tokens"], heads=case["heads"])]
         if kind == "draft_swa":
@@ -137,9 +185,13 @@ def pages_of(pool) -> list[int]:
 
 def summary(pool) -> dict:
     """What the oracle reports, from our side: sizes, buffers by name, page ranges per buffer."""
-    meta = [[o.range.buffer, o.range.offset, o.range.size] for m in pool.page_buffer_meta(pages_of(pool)) for o in m.objects]
+    meta = [
+        [o.range.buffer, o.range.offset, o.range.size] for m in pool.page_buffer_meta(pages_of(pool)) for o in m.objects
+    ]
     return {
-        "size": pool.size, "page_num": pool.page_num, "size_per_token": pool.bytes_per_slot,
+        "size": pool.size,
+        "page_num": pool.page_num,
+        "size_per_token": pool.bytes_per_slot,
         "buffers": {b.name: [list(b.shape), b.dtype] for b in pool.buffers},
         "meta": meta if pool.zero_copy else None,
     }
@@ -155,7 +207,9 @@ def dtype_name(t) -> str:
 def oracle_summary(host, buffers: dict, pages, page_size, meta_ok=True) -> dict:
     """SGLang's host pool as `summary` reports ours; each pointer is named by the buffer it lies in."""
     out = {
-        "size": host.size, "page_num": host.page_num, "size_per_token": host.size_per_token,
+        "size": host.size,
+        "page_num": host.page_num,
+        "size_per_token": host.size_per_token,
         "buffers": {name: [list(t.shape), dtype_name(t.dtype)] for name, t in buffers.items()},
         "meta": None,
     }
@@ -179,11 +233,25 @@ def mha_or_mla_device(mla, tokens, page_size, layers, heads=2, head_dim=8):
 
 def host_of(dev, mla, ratio, size_gb, page_size, layout, **extra):
     info = dev.get_device_pool_infos()[0].buffer_info
-    common = dict(pin_memory=False, device="cpu", device_capacity_tokens=dev.size, start_layer=dev.start_layer,
-                  end_layer=dev.end_layer, **extra)
+    common = dict(
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=dev.size,
+        start_layer=dev.start_layer,
+        end_layer=dev.end_layer,
+        **extra,
+    )
     if mla:
-        return MLATokenToKVPoolHost(info, ratio, size_gb, page_size, layout, target_layer_num=dev.layer_num,
-                                    override_kv_cache_dim=dev.kv_cache_dim, **common)
+        return MLATokenToKVPoolHost(
+            info,
+            ratio,
+            size_gb,
+            page_size,
+            layout,
+            target_layer_num=dev.layer_num,
+            override_kv_cache_dim=dev.kv_cache_dim,
+            **common,
+        )
     return MHATokenToKVPoolHost(info, ratio, size_gb, page_size, layout, **common)
 
 
@@ -196,19 +264,33 @@ def sglang_0_5_23(case, pool) -> dict:
             temporal = per_rank(case["temporal_shape"]) if case["temporal_shape"] else [0]
             info = MambaStateBufferInfo(
                 temporal=torch.zeros(L, slots + 1, *temporal, dtype=DTYPES[case["temporal_dtype"]]),
-                conv=tuple(torch.zeros(L, slots + 1, *per_rank(s), dtype=DTYPES[case["conv_dtype"]])
-                           for s in case["conv_shapes"]),
+                conv=tuple(
+                    torch.zeros(L, slots + 1, *per_rank(s), dtype=DTYPES[case["conv_dtype"]])
+                    for s in case["conv_shapes"]
+                ),
             )
-            host = MambaPoolHost(info, case["ratio"], 0, device_capacity=slots, pin_memory=False, device="cpu",
-                                 layout=case["layout"])
-            buffers = {"temporal_buffer": host.temporal_buffer,
-                       **{f"conv_buffer[{i}]": b for i, b in enumerate(host.conv_buffer)}}
+            host = MambaPoolHost(
+                info, case["ratio"], 0, device_capacity=slots, pin_memory=False, device="cpu", layout=case["layout"]
+            )
+            buffers = {
+                "temporal_buffer": host.temporal_buffer,
+                **{f"conv_buffer[{i}]": b for i, b in enumerate(host.conv_buffer)},
+            }
             return oracle_summary(host, buffers, pages_of(pool), 1)
         if kind in ("indexer", "draft_indexer"):
+
             def dsa_device(layers):
                 return DSATokenToKVPool(
-                    size=case["device_tokens"], page_size=64, kv_lora_rank=16, dtype=torch.bfloat16, qk_rope_head_dim=8,
-                    layer_num=layers, device="cpu", index_head_dim=128, enable_memory_saver=False, kv_cache_dim=24,
+                    size=case["device_tokens"],
+                    page_size=64,
+                    kv_lora_rank=16,
+                    dtype=torch.bfloat16,
+                    qk_rope_head_dim=8,
+                    layer_num=layers,
+                    device="cpu",
+                    index_head_dim=128,
+                    enable_memory_saver=False,
+                    kv_cache_dim=24,
                     index_buf_size=case["device_tokens"],  # its default asks the parallel state for the DCP size
                 )
 
@@ -217,11 +299,20 @@ def sglang_0_5_23(case, pool) -> dict:
             name = PoolName.INDEXER
             if kind == "draft_indexer":  # the draft's own DSA pool, laid on a draft host pool of the KV's slots
                 dev = dsa_device(case["layers"])
-                anchor = host_of(dev, True, anchor.size / dev.size, 0, 64, case["layout"], host_token_capacity=anchor.size)
+                anchor = host_of(
+                    dev, True, anchor.size / dev.size, 0, 64, case["layout"], host_token_capacity=anchor.size
+                )
                 name = PoolName.DRAFT_INDEXER
-            host = DSAIndexerPoolHost(make_dsa_indexer_pool_decl(dev, name=name), anchor, pin_memory=False, device="cpu")
-            return oracle_summary(host, {"index_k_with_scale_buffer": host.index_k_with_scale_buffer}, pages_of(pool), 64,
-                                  meta_ok=case["layout"] != "layer_first")
+            host = DSAIndexerPoolHost(
+                make_dsa_indexer_pool_decl(dev, name=name), anchor, pin_memory=False, device="cpu"
+            )
+            return oracle_summary(
+                host,
+                {"index_k_with_scale_buffer": host.index_k_with_scale_buffer},
+                pages_of(pool),
+                64,
+                meta_ok=case["layout"] != "layer_first",
+            )
         mla, ps = case["mla"], case["page_size"]
         main = host_of(mha_or_mla_device(mla, case["device_tokens"], ps, 3), mla, case["ratio"], 0, ps, case["layout"])
         heads = case["heads"] or 2
@@ -368,8 +459,19 @@ def layout(*args):
 
 def test_cli_qwen3_next_preset_json():
     """The preset's public shapes give Qwen3-Next's Mamba state: 36 x (8192x3 bf16 + 32x128x128 fp32) per slot."""
-    result = layout("--pool-preset", "qwen3-next", "--hicache-mem-layout", "page_first_direct", "--hicache-io-backend",
-                    "direct", "--pool", "mamba:tokens=40", "--sglang-version", "0.5.14", "--json")
+    result = layout(
+        "--pool-preset",
+        "qwen3-next",
+        "--hicache-mem-layout",
+        "page_first_direct",
+        "--hicache-io-backend",
+        "direct",
+        "--pool",
+        "mamba:tokens=40",
+        "--sglang-version",
+        "0.5.14",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["geometry"]["name"] == "qwen3-next-80b-a3b" and data["geometry"]["layers"] == 12
@@ -405,8 +507,14 @@ def test_cli_tp_splits_mamba_state_and_gpt_oss_swa():
 def test_cli_human_rendering_of_side_pools():
     result = layout("--pool-preset", "deepseek-v3.2-mtp", "--device-tokens", "4096", "--sglang-version", "0.5.23")
     assert result.exit_code == 0, result.output
-    for fragment in ("side pool indexer", "side pool draft ", "side pool draft_indexer", "__draft_k", "__indexer",
-                     "index_k_with_scale"):
+    for fragment in (
+        "side pool indexer",
+        "side pool draft ",
+        "side pool draft_indexer",
+        "__draft_k",
+        "__indexer",
+        "index_k_with_scale",
+    ):
         assert fragment in result.stdout
     assert "follow the draft KV host pool" in result.stderr
 
@@ -427,10 +535,23 @@ def test_cli_deepseek_v4_pools_are_named_not_shown():
         (["--preset", "deepseek-v3", "--page-size", "32", "--pool", "indexer"], "--page-size 64 (got 32)"),
         (["--pool-preset", "eagle3-mha-on-mla"], "needs its own heads and head size"),
         (["--preset", "tiny", "--pool", "swa:conv_shapes=4x3"], "conv_shapes does not describe its host pool"),
-        (["--preset", "tiny", "--pool", "mamba:layers=2,conv_shapes=3x3,temporal_shape=2x2x2", "--tp-size", "2",
-          "--hicache-mem-layout", "page_first_direct"], "does not split evenly over tp-size 2"),
-        (["--preset", "tiny", "--pool", "swa", "--hicache-size", "1", "--sglang-version", "0.5.23"],
-         "split between the KV and SWA host pools"),
+        (
+            [
+                "--preset",
+                "tiny",
+                "--pool",
+                "mamba:layers=2,conv_shapes=3x3,temporal_shape=2x2x2",
+                "--tp-size",
+                "2",
+                "--hicache-mem-layout",
+                "page_first_direct",
+            ],
+            "does not split evenly over tp-size 2",
+        ),
+        (
+            ["--preset", "tiny", "--pool", "swa", "--hicache-size", "1", "--sglang-version", "0.5.23"],
+            "split between the KV and SWA host pools",
+        ),
         (["--preset", "tiny", "--pool", "mamba:temporal_shape=0x2"], "not a shape like 8192x3"),
     ],
 )
@@ -444,7 +565,7 @@ def test_cli_side_pool_bad_input_exits_2(args, fragment):
 
 
 def test_pool_option_changes_a_preset_pool():
-    from hicache_ops.sglang.pools import combine_pools
+    from hicache_ops.sglang.side_pool_specs import combine_pools
 
     (mamba,) = combine_pools(PRESETS["qwen3-next"].specs(64), ["mamba:tokens=512,temporal=0"])
     assert (mamba.tokens, mamba.temporal, mamba.temporal_shape, mamba.layers) == (512, False, None, 36)

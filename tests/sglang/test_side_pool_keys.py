@@ -1,4 +1,4 @@
-"""Side-pool object suffixes: ours (hicache_ops.sglang.pools) against SGLang's own key builder,
+"""Side-pool object suffixes: ours (hicache_ops.sglang.side_pool_specs) against SGLang's own key builder,
 `MooncakeStore._get_hybrid_page_component_keys`, for every pool kind in 0.5.14 (child process)
 and 0.5.23 (this process).
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.keys import ObjectKeyScheme
-from hicache_ops.sglang.pools import SIDE_POOLS, PRESETS, PoolSpec, check_pool, parse_pool, pool_suffixes
+from hicache_ops.sglang.page_keys import ObjectKeyScheme
+from hicache_ops.sglang.side_pool_specs import PRESETS, SIDE_POOLS, PoolSpec, check_pool, parse_pool, pool_suffixes
 from sglang_0_5_14 import run_0_5_14
 
 RANKS = [  # tp_rank, pp_rank, pp_size, mla
@@ -48,14 +48,19 @@ def cases(version: str) -> list[dict]:
     for tp_rank, pp_rank, pp_size, mla in RANKS:
         scheme = ObjectKeyScheme(version=version, tp_rank=tp_rank, tp_size=2, pp_rank=pp_rank, pp_size=pp_size, mla=mla)
         for spec in specs_for(version, mla):
-            out.append({
-                "pool": spec.name, "attention": spec.attention, "conv": spec.conv, "temporal": spec.temporal,
-                "mla": mla,
-                # As MooncakeStore.__init__ sets them (both versions).
-                "mha_suffix": f"{tp_rank}_{pp_rank}" if pp_size > 1 else f"{tp_rank}",
-                "mla_suffix": f"{pp_rank}" if pp_size > 1 else "",
-                "ours": pool_suffixes(spec, scheme),
-            })
+            out.append(
+                {
+                    "pool": spec.name,
+                    "attention": spec.attention,
+                    "conv": spec.conv,
+                    "temporal": spec.temporal,
+                    "mla": mla,
+                    # As MooncakeStore.__init__ sets them (both versions).
+                    "mha_suffix": f"{tp_rank}_{pp_rank}" if pp_size > 1 else f"{tp_rank}",
+                    "mla_suffix": f"{pp_rank}" if pp_size > 1 else "",
+                    "ours": pool_suffixes(spec, scheme),
+                }
+            )
     return out
 
 
@@ -113,7 +118,15 @@ def test_suffixes_match_sglang_0_5_14():
 
 def test_0_5_14_writes_temporal_even_when_empty():
     """0.5.14 has no temporal=0 form: its builder always lists the temporal object."""
-    case = {"pool": "mamba", "attention": None, "conv": 2, "temporal": False, "mla": False, "mha_suffix": "0", "mla_suffix": ""}
+    case = {
+        "pool": "mamba",
+        "attention": None,
+        "conv": 2,
+        "temporal": False,
+        "mla": False,
+        "mha_suffix": "0",
+        "mla_suffix": "",
+    }
     theirs = run_0_5_14(BUILDER + "\nRESULT = sglang_suffixes(PAYLOAD)\n", case)
     assert theirs == ["_0_temporal", "_0_conv_0", "_0_conv_1"]
     with pytest.raises(InputError, match="always writes the temporal"):
@@ -165,7 +178,7 @@ def test_presets_are_valid_in_their_versions():
 def test_mla_side_pools_named_per_rank_expect_every_rank():
     """Each tp rank looks up its own per-rank side-pool objects (docs/side-pools.md): with MLA the
     KV stays one `__k`, the Mamba objects are one set per rank; 0.5.14 never writes ranks > 0."""
-    from hicache_ops.inspect.keys import Deployment, expected_keys
+    from hicache_ops.commands.inspect.key_listing import Deployment, expected_keys
 
     tokens = list(range(100, 132))
     for version, says in (("0.5.14", "loads nothing"), ("0.5.23", "every tp rank writes")):
@@ -176,6 +189,8 @@ def test_mla_side_pools_named_per_rank_expect_every_rank():
         indexer = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2), pools=[PoolSpec("indexer")])
         assert [key[64:] for key in indexer.pages[0].object_keys] == ["__k", "__indexer"]
         assert not any("per tp rank" in note for note in indexer.notes)
-        staged = expected_keys(tokens, 16, Deployment(version, mla=True, tp_size=2, pp_size=2), pools=[PoolSpec("indexer")])
+        staged = expected_keys(
+            tokens, 16, Deployment(version, mla=True, tp_size=2, pp_size=2), pools=[PoolSpec("indexer")]
+        )
         assert [key[64:] for key in staged.pages[0].object_keys] == ["_0_k", "_0_indexer", "_1_k", "_1_indexer"]
         assert not any("per tp rank" in note for note in staged.notes)

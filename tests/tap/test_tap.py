@@ -17,10 +17,16 @@ import uuid
 
 import pytest
 import torch
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
+from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore  # noqa: E402
 
-from hicache_ops.sglang.keys import ObjectKeyScheme, page_keys
-from hicache_ops.tap.backend import CLASS_NAME
-from hicache_ops.tap.recording import (
+from cli_runner import hicache
+from hicache_ops.commands.tap.backend import CLASS_NAME
+from hicache_ops.commands.tap.recording import (
     META_METHODS,
     PATH_ENV,
     STORAGE_METHODS,
@@ -29,16 +35,8 @@ from hicache_ops.tap.recording import (
     recording_path,
     with_suffix,
 )
-from hicache_ops.trace.show import load_records, percentile, show
-
-from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
-from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: E402
-from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore  # noqa: E402
-from cli_runner import hicache
-
+from hicache_ops.commands.trace.show import load_records, percentile, show
+from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
 LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 16, 4
 DEVICE_TOKENS = 64
@@ -82,7 +80,7 @@ def slots(pages) -> torch.Tensor:
 
 def page_bytes(pool, page: int) -> torch.Tensor:
     """K and V bytes of one host page (page_first: (2, size, L, H, D))."""
-    return pool.kv_buffer[:, page * PAGE:(page + 1) * PAGE].contiguous().view(torch.uint8).clone()
+    return pool.kv_buffer[:, page * PAGE : (page + 1) * PAGE].contiguous().view(torch.uint8).clone()
 
 
 def mooncake_extra(master, tag: str) -> dict:
@@ -157,8 +155,16 @@ def runs(mooncake_master, tmp_path_factory):
 
     # The extra-config exactly as `hicache tap` prints it, merged with the Mooncake keys.
     tap_path = str(tmp / "rec.jsonl")
-    res = hicache(["tap", "--json", "--path", tap_path,
-                              "--extra-config", json.dumps(mooncake_extra(mooncake_master, f"tap-{run_id}"))])
+    res = hicache(
+        [
+            "tap",
+            "--json",
+            "--path",
+            tap_path,
+            "--extra-config",
+            json.dumps(mooncake_extra(mooncake_master, f"tap-{run_id}")),
+        ]
+    )
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)
     extra = json.loads(plan["flags"][plan["flags"].index("--hicache-storage-backend-extra-config") + 1])
@@ -195,7 +201,7 @@ def test_factory_builds_the_tap_around_sglangs_store(runs):
     tapped = runs["backend"]
     assert type(tapped).__name__ == CLASS_NAME and isinstance(tapped, HiCacheStorage)
     assert type(tapped.inner) is MooncakeStore  # SGLang's own class, not a copy
-    assert runs["extra"]["module_path"] == "hicache_ops.tap" and runs["extra"]["interface_v1"] == 1
+    assert runs["extra"]["module_path"] == "hicache_ops.commands.tap" and runs["extra"]["interface_v1"] == 1
     assert tapped.recording == runs["path"]
     # Attributes SGLang reads off the backend pass through to the store.
     assert tapped.config_prefix == f"tap-{runs['run_id']}_Qwen-Qwen3-0.6B"
@@ -284,10 +290,10 @@ def test_recording_fields_per_method(runs):
 def test_recording_failure_is_logged_once_and_calls_still_return(mooncake_master, tmp_path, caplog):
     """tap_path is a directory: nothing can be appended; the store answers as before, one warning."""
     extra = {**mooncake_extra(mooncake_master, f"bad-{uuid.uuid4().hex[:8]}"),
-             "backend_name": "hicache_tap", "module_path": "hicache_ops.tap", "class_name": CLASS_NAME,
+             "backend_name": "hicache_tap", "module_path": "hicache_ops.commands.tap", "class_name": CLASS_NAME,
              "interface_v1": 1, "tap_path": str(tmp_path)}  # fmt: skip
     pool = host_pool()
-    with caplog.at_level(logging.WARNING, logger="hicache_ops.tap"):
+    with caplog.at_level(logging.WARNING, logger="hicache_ops.commands.tap"):
         tapped = StorageBackendFactory.create_backend("dynamic", storage_config(extra), pool)
         try:
             tapped.register_mem_pool_host(pool)
@@ -304,7 +310,7 @@ def test_rank_file_and_store_errors_are_recorded_and_reraised(mooncake_master, t
     """tp rank 1 of 2 records to its own file with its own object suffix; an exception from the store
     is recorded and reaches the caller unchanged."""
     tag = f"rank-{uuid.uuid4().hex[:8]}"
-    extra = {**mooncake_extra(mooncake_master, tag), "backend_name": "hicache_tap", "module_path": "hicache_ops.tap",
+    extra = {**mooncake_extra(mooncake_master, tag), "backend_name": "hicache_tap", "module_path": "hicache_ops.commands.tap",
              "class_name": CLASS_NAME, "interface_v1": 1, "tap_path": str(tmp_path / "r.jsonl")}  # fmt: skip
     cfg = storage_config(extra)
     cfg.tp_size, cfg.tp_rank = 2, 1
@@ -322,7 +328,8 @@ def test_rank_file_and_store_errors_are_recorded_and_reraised(mooncake_master, t
     set1, failed = [r for r in lines if r["method"] in STORAGE_METHODS]
     assert set1["tp_rank"] == 1 and set1["tp_size"] == 2
     assert set1["objects"]["put"][0]["keys"] == ObjectKeyScheme(
-        VERSION, model_name=MODEL, extra_backend_tag=tag, tp_rank=1, tp_size=2).all_object_keys(KEYS[:1])
+        VERSION, model_name=MODEL, extra_backend_tag=tag, tp_rank=1, tp_size=2
+    ).all_object_keys(KEYS[:1])
     assert failed["error"].startswith("AssertionError") and failed["result"] is None
     s = show([tmp_path / "r.tp1.jsonl"])
     assert s["failures"]["by_kind"] == {"raised": 1} and s["source"]["ranks"] == ["tp1"]
@@ -332,7 +339,7 @@ def test_v2_arguments_and_results_are_recorded_as_json():
     """SGLang's own PoolTransfer / PoolTransferResult turned into the recording's fields."""
     from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer, PoolTransferResult
 
-    from hicache_ops.tap.recording import describe_call, describe_result, to_jsonable
+    from hicache_ops.commands.tap.recording import describe_call, describe_result, to_jsonable
 
     transfers = [
         PoolTransfer(name=PoolName.KV, keys=KEYS[:2], host_indices=slots([1, 2])),
@@ -352,7 +359,7 @@ def test_v2_arguments_and_results_are_recorded_as_json():
 def test_recorder_appends_whole_lines_from_many_processes(tmp_path):
     path = tmp_path / "shared.jsonl"
     code = (
-        "import sys; from hicache_ops.tap.recording import Recorder\n"
+        "import sys; from hicache_ops.commands.tap.recording import Recorder\n"
         "r = Recorder(sys.argv[1])\n"
         "for i in range(300): r.write({'method': 'batch_exists', 'who': sys.argv[2], 'i': i, 'pad': 'x' * 5000})\n"
     )
@@ -387,7 +394,7 @@ def test_recorder_never_raises(tmp_path, caplog):
     rec = Recorder(str(tmp_path / "missing-dir-is-created" / "x.jsonl"))
     assert rec.write({"method": "batch_exists", "v": 1})
     blocked = Recorder(str(tmp_path))  # a directory
-    with caplog.at_level(logging.WARNING, logger="hicache_ops.tap"):
+    with caplog.at_level(logging.WARNING, logger="hicache_ops.commands.tap"):
         assert not blocked.write({"method": "x"}) and not blocked.write({"method": "y"})
     assert blocked.failures == 2 and len(caplog.records) == 1
 
@@ -404,7 +411,11 @@ def test_trace_show_summarises_the_recording(runs):
     assert s["source"]["opens"][0]["key_prefix"] == f"tap-{runs['run_id']}_Qwen-Qwen3-0.6B_"
     m = s["methods"]
     assert {k: v["calls"] for k, v in m.items()} == {
-        "batch_exists": 2, "batch_exists_v2": 1, "batch_get_v1": 3, "batch_set_v1": 2}
+        "batch_exists": 2,
+        "batch_exists_v2": 1,
+        "batch_get_v1": 3,
+        "batch_set_v1": 2,
+    }
     assert m["batch_get_v1"]["bytes"] == 16 * K_BYTES and m["batch_set_v1"]["bytes"] == 12 * K_BYTES
     assert m["batch_get_v1"]["pages"] == 12
     for v in m.values():
@@ -434,8 +445,9 @@ def test_trace_show_summarises_the_recording(runs):
     assert objs["put"] == 12 and objs["get_ok"] == 12 and objs["get_ok_put_here"] == 12
     # Keys 0, 1 failed before the write and were read later: only keys 6, 7 stay failed.
     assert objs["get_failed"] == 4 and objs["get_failed_put_here"] == 0 and objs["get_failed_codes"] == {"-704": 4}
-    assert objs["lists"]["get_failed_never_put"] == sorted(ObjectKeyScheme(
-        VERSION, model_name=MODEL, extra_backend_tag=f"tap-{runs['run_id']}").all_object_keys(KEYS[6:8]))
+    assert objs["lists"]["get_failed_never_put"] == sorted(
+        ObjectKeyScheme(VERSION, model_name=MODEL, extra_backend_tag=f"tap-{runs['run_id']}").all_object_keys(KEYS[6:8])
+    )
 
     text = hicache(["trace", "show", runs["path"]])
     assert text.exit_code == 0, text.output
@@ -448,11 +460,36 @@ def test_trace_show_spots_written_pages_that_fail_to_read(tmp_path):
     base = {"v": 1, "pid": 1, "tp_rank": 0, "error": None, "latency_ms": 1.0, "bytes": 0}
     lines = [
         {**base, "seq": 1, "ts": 1.0, "method": "batch_set_v1", "keys": ["a", "b"], "pages": 2, "result": [True, True]},
-        {**base, "seq": 2, "ts": 2.0, "method": "batch_get_v1", "keys": ["a", "b"], "pages": 2, "result": [True, False]},
-        {**base, "seq": 3, "ts": 3.0, "method": "batch_exists", "keys": ["a", "b"], "pages": 2, "result": 1,
-         "hit_pages": 1, "tp_rank": 1},
-        {**base, "seq": 4, "ts": 4.0, "method": "batch_set_v1", "keys": ["c"], "pages": 1, "result": None,
-         "error": "RuntimeError: boom"},
+        {
+            **base,
+            "seq": 2,
+            "ts": 2.0,
+            "method": "batch_get_v1",
+            "keys": ["a", "b"],
+            "pages": 2,
+            "result": [True, False],
+        },
+        {
+            **base,
+            "seq": 3,
+            "ts": 3.0,
+            "method": "batch_exists",
+            "keys": ["a", "b"],
+            "pages": 2,
+            "result": 1,
+            "hit_pages": 1,
+            "tp_rank": 1,
+        },
+        {
+            **base,
+            "seq": 4,
+            "ts": 4.0,
+            "method": "batch_set_v1",
+            "keys": ["c"],
+            "pages": 1,
+            "result": None,
+            "error": "RuntimeError: boom",
+        },
     ]
     path = tmp_path / "synthetic.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -519,9 +556,10 @@ def test_tap_flags_parse_with_sglangs_own_argument_parser(tmp_path):
     args = parser.parse_args(["--model-path", "dummy", *shlex.split(command_line)])
     assert args.enable_hierarchical_cache and args.hicache_storage_backend == "dynamic"
     extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config(
-        args.hicache_storage_backend_extra_config)
+        args.hicache_storage_backend_extra_config
+    )
     assert threshold == 128
-    assert extra["module_path"] == "hicache_ops.tap" and extra["class_name"] == CLASS_NAME
+    assert extra["module_path"] == "hicache_ops.commands.tap" and extra["class_name"] == CLASS_NAME
     assert extra["backend_name"] == "hicache_tap" and extra["interface_v1"] == 1
     assert extra["tap_path"] == str(tmp_path / "t.jsonl") and extra["master_server_address"] == "10.0.0.1:50051"
     assert f"{tmp_path}/t.tp0.jsonl" in res.stdout and f"{tmp_path}/t.tp1.jsonl" in res.stdout
@@ -559,16 +597,16 @@ def test_tap_bad_extra_config_is_exit_2(value, message):
 
 def test_the_tap_class_serves_every_recorded_method():
     """The method groups `trace show` reads are the methods the backend records."""
-    import hicache_ops.tap
+    import hicache_ops.commands.tap
 
-    cls = hicache_ops.tap.MooncakeTap
-    assert cls.__module__ == "hicache_ops.tap" and cls.__name__ == CLASS_NAME
+    cls = hicache_ops.commands.tap.MooncakeTap
+    assert cls.__module__ == "hicache_ops.commands.tap" and cls.__name__ == CLASS_NAME
     assert all(name in vars(cls) for name in STORAGE_METHODS + META_METHODS if name != "open")
 
 
 def test_importing_the_tap_and_cli_stays_light():
     code = (
-        "import sys, hicache_ops.tap, hicache_ops.tap.plan, hicache_ops.trace.show, hicache_ops.cli.tap,"
+        "import sys, hicache_ops.commands.tap, hicache_ops.commands.tap.plan, hicache_ops.commands.trace.show, hicache_ops.cli.tap,"
         " hicache_ops.cli.trace.show\n"
         "heavy = [m for m in ('torch', 'sglang', 'mooncake') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -30,21 +30,33 @@ from pathlib import Path
 
 import pytest
 
+from cli_runner import hicache
+from hicache_ops.commands.te.report import check_reuse
+from hicache_ops.commands.te.rule import REUSE_LOG_LINE, node_ranks, rdma_devices
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.launch import parse_server_args
-from hicache_ops.te.report import check_reuse
-from hicache_ops.te.rule import REUSE_LOG_LINE, node_ranks, rdma_devices
-from cli_runner import hicache
-
 
 HICACHE = "--enable-hierarchical-cache --hicache-storage-backend mooncake"
 MAP2 = '{"0": "mlx5_0", "1": "mlx5_1"}'
 CLEAN_ENV = (
-    "MOONCAKE_MASTER", "MOONCAKE_CLIENT", "MOONCAKE_LOCAL_HOSTNAME", "LOCAL_HOSTNAME", "MOONCAKE_TE_META_DATA_SERVER",
-    "MOONCAKE_GLOBAL_SEGMENT_SIZE", "MOONCAKE_PROTOCOL", "MOONCAKE_DEVICE", "MOONCAKE_MASTER_METRICS_PORT",
-    "MOONCAKE_CHECK_SERVER", "MOONCAKE_STANDALONE_STORAGE", "MOONCAKE_ENABLE_SSD_OFFLOAD",
-    "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "MOONCAKE_TENANT_ID", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH",
-    "SGLANG_HICACHE_MOONCAKE_REUSE_TE", "MC_FORCE_TCP", "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS",
+    "MOONCAKE_MASTER",
+    "MOONCAKE_CLIENT",
+    "MOONCAKE_LOCAL_HOSTNAME",
+    "LOCAL_HOSTNAME",
+    "MOONCAKE_TE_META_DATA_SERVER",
+    "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+    "MOONCAKE_PROTOCOL",
+    "MOONCAKE_DEVICE",
+    "MOONCAKE_MASTER_METRICS_PORT",
+    "MOONCAKE_CHECK_SERVER",
+    "MOONCAKE_STANDALONE_STORAGE",
+    "MOONCAKE_ENABLE_SSD_OFFLOAD",
+    "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH",
+    "MOONCAKE_TENANT_ID",
+    "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH",
+    "SGLANG_HICACHE_MOONCAKE_REUSE_TE",
+    "MC_FORCE_TCP",
+    "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS",
 )
 # Values that make a real store set-up here quick and small; none of them enters the decision.
 QUIET = {
@@ -78,7 +90,7 @@ class Row:
     why: str | None = None  # a phrase the failing condition's why must hold
     sglang: bool = True  # compare with SGLang 0.5.23's own decision
 
-    def both(self, eligible: bool, failing: set = frozenset()) -> "Row":
+    def both(self, eligible: bool, failing: set = frozenset()) -> Row:
         self.eligible = {"0.5.14": eligible, "0.5.23": eligible}
         self.failing = {"0.5.14": set(failing), "0.5.23": set(failing)}
         return self
@@ -87,61 +99,135 @@ class Row:
 MASTER = "{master}"
 TABLE = [
     Row("default-env", env={"MOONCAKE_MASTER": MASTER}, why='"" == None is false').both(False, {"device_name_matches"}),
-    Row("ib-flag-matches-MOONCAKE_DEVICE", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"}).both(True),
-    Row("mooncake-ib-device-flag-is-the-fallback", flags=HICACHE + " --mooncake-ib-device mlx5_0",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"}).both(True),
+    Row(
+        "ib-flag-matches-MOONCAKE_DEVICE",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"},
+    ).both(True),
+    Row(
+        "mooncake-ib-device-flag-is-the-fallback",
+        flags=HICACHE + " --mooncake-ib-device mlx5_0",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"},
+    ).both(True),
     Row("MC_FORCE_TCP=1", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1"}).both(True),
-    Row("MC_FORCE_TCP=true-is-not-1", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "true"}).both(False, {"device_name_matches"}),
-    Row("MC_FORCE_TCP-drops-the-ib-device", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+    Row("MC_FORCE_TCP=true-is-not-1", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "true"}).both(
+        False, {"device_name_matches"}
+    ),
+    Row(
+        "MC_FORCE_TCP-drops-the-ib-device",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
         env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0", "MC_FORCE_TCP": "1"},
-        why='the engine passes ""').both(False, {"device_name_matches"}),
-    Row("http-metadata", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "MOONCAKE_TE_META_DATA_SERVER": "{http_metadata}"}
-        ).both(False, {"metadata_server_p2phandshake"}),
-    Row("tcp-protocol", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "MOONCAKE_PROTOCOL": "tcp"}
-        ).both(False, {"protocol_rdma"}),
-    Row("REUSE_TE=false", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"}
-        ).both(False, {"shared_engine_exists"}),
-    Row("REUSE_TE=false-but-PD-mooncake_tcp-makes-one",
-        flags=HICACHE + " --disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp --disaggregation-ib-device mlx5_0",
-        env={"MOONCAKE_MASTER": MASTER, "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"}).both(True),
-    Row("per-rank-json-map-on-both-sides", flags=HICACHE + " --tp-size 2 --base-gpu-id 2 "
-        "--disaggregation-ib-device '{\"2\": \"mlx5_0\", \"3\": \"mlx5_1\"}'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2}, ranks=[True, True]).both(True),
-    Row("per-rank-json-map-store-only", flags=HICACHE + " --tp-size 2", env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2},
-        ranks=[False, False]).both(False, {"device_name_matches"}),
-    Row("per-rank-json-map-swapped", flags=HICACHE + " --tp-size 2 --disaggregation-ib-device '{\"0\": \"mlx5_1\", \"1\": \"mlx5_0\"}'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2}, ranks=[False, False]).both(False, {"device_name_matches"}),
-    Row("per-rank-json-map-missing-rank", flags=HICACHE + f" --tp-size 2 --disaggregation-ib-device '{MAP2}'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'}, ranks=[True, False]).both(False, {"device_name_matches"}),
-    Row("dp-attention-keys-the-store-map-by-attention-tp-rank", flags=HICACHE + f" --tp-size 2 --attn-dp-size 2 --disaggregation-ib-device '{MAP2}'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'}, ranks=[True, False]).both(False, {"device_name_matches"}),
-    Row("device-name-whitespace", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0 "}).both(False, {"device_name_matches"}),
-    Row("extra-config-wins-over-file-and-env", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        extra={"master_server_address": MASTER, "device_name": "mlx5_0"},
-        file={"master_server_address": MASTER, "device_name": "mlx5_1"}, env={"MOONCAKE_DEVICE": "mlx5_2"}).both(True),
-    Row("file-wins-over-env", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        file={"master_server_address": MASTER, "device_name": "mlx5_1"},
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"}).both(False, {"device_name_matches"}),
-    Row("extra-config-without-master-falls-to-the-file", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        extra={"device_name": "mlx5_0"}, file={"master_server_address": MASTER, "device_name": "mlx5_1"}
-        ).both(False, {"device_name_matches"}),
-    Row("file-omitting-device-takes-the-default-not-the-env", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        file={"master_server_address": MASTER}, env={"MOONCAKE_DEVICE": "mlx5_0"}).both(False, {"device_name_matches"}),
-    Row("file-omitting-protocol", file={"master_server_address": MASTER},
-        env={"MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"},
-        eligible={"0.5.14": True, "0.5.23": False}, failing={"0.5.14": set(), "0.5.23": {"protocol_rdma"}}),
-    Row("engine-on-tcp-store-says-rdma", flags=HICACHE + " --disaggregation-ib-device mlx5_0",
-        file={"master_server_address": MASTER, "protocol": "rdma", "device_name": "mlx5_0"},
-        env={"MOONCAKE_PROTOCOL": "tcp"}).both(True),
-    Row("elastic-ep-mooncake-makes-an-engine-in-0.5.23", flags=HICACHE + " --elastic-ep-backend mooncake",
+        why='the engine passes ""',
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "http-metadata",
+        env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "MOONCAKE_TE_META_DATA_SERVER": "{http_metadata}"},
+    ).both(False, {"metadata_server_p2phandshake"}),
+    Row("tcp-protocol", env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "MOONCAKE_PROTOCOL": "tcp"}).both(
+        False, {"protocol_rdma"}
+    ),
+    Row(
+        "REUSE_TE=false",
         env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"},
-        eligible={"0.5.14": False, "0.5.23": True}, failing={"0.5.14": {"shared_engine_exists"}, "0.5.23": set()}),
-    Row("pd-normalises-the-ib-list", flags=HICACHE + " --disaggregation-mode decode --disaggregation-ib-device 'mlx5_0, mlx5_1'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0,mlx5_1"}, sglang=False).both(True),
-    Row("pd-normalises-so-spaces-no-longer-match", flags=HICACHE + " --disaggregation-mode decode --disaggregation-ib-device 'mlx5_0, mlx5_1'",
-        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0, mlx5_1"}, sglang=False).both(False, {"device_name_matches"}),
+    ).both(False, {"shared_engine_exists"}),
+    Row(
+        "REUSE_TE=false-but-PD-mooncake_tcp-makes-one",
+        flags=HICACHE
+        + " --disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp --disaggregation-ib-device mlx5_0",
+        env={"MOONCAKE_MASTER": MASTER, "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"},
+    ).both(True),
+    Row(
+        "per-rank-json-map-on-both-sides",
+        flags=HICACHE + ' --tp-size 2 --base-gpu-id 2 --disaggregation-ib-device \'{"2": "mlx5_0", "3": "mlx5_1"}\'',
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2},
+        ranks=[True, True],
+    ).both(True),
+    Row(
+        "per-rank-json-map-store-only",
+        flags=HICACHE + " --tp-size 2",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2},
+        ranks=[False, False],
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "per-rank-json-map-swapped",
+        flags=HICACHE + ' --tp-size 2 --disaggregation-ib-device \'{"0": "mlx5_1", "1": "mlx5_0"}\'',
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": MAP2},
+        ranks=[False, False],
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "per-rank-json-map-missing-rank",
+        flags=HICACHE + f" --tp-size 2 --disaggregation-ib-device '{MAP2}'",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'},
+        ranks=[True, False],
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "dp-attention-keys-the-store-map-by-attention-tp-rank",
+        flags=HICACHE + f" --tp-size 2 --attn-dp-size 2 --disaggregation-ib-device '{MAP2}'",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'},
+        ranks=[True, False],
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "device-name-whitespace",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0 "},
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "extra-config-wins-over-file-and-env",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        extra={"master_server_address": MASTER, "device_name": "mlx5_0"},
+        file={"master_server_address": MASTER, "device_name": "mlx5_1"},
+        env={"MOONCAKE_DEVICE": "mlx5_2"},
+    ).both(True),
+    Row(
+        "file-wins-over-env",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        file={"master_server_address": MASTER, "device_name": "mlx5_1"},
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0"},
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "extra-config-without-master-falls-to-the-file",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        extra={"device_name": "mlx5_0"},
+        file={"master_server_address": MASTER, "device_name": "mlx5_1"},
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "file-omitting-device-takes-the-default-not-the-env",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        file={"master_server_address": MASTER},
+        env={"MOONCAKE_DEVICE": "mlx5_0"},
+    ).both(False, {"device_name_matches"}),
+    Row(
+        "file-omitting-protocol",
+        file={"master_server_address": MASTER},
+        env={"MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"},
+        eligible={"0.5.14": True, "0.5.23": False},
+        failing={"0.5.14": set(), "0.5.23": {"protocol_rdma"}},
+    ),
+    Row(
+        "engine-on-tcp-store-says-rdma",
+        flags=HICACHE + " --disaggregation-ib-device mlx5_0",
+        file={"master_server_address": MASTER, "protocol": "rdma", "device_name": "mlx5_0"},
+        env={"MOONCAKE_PROTOCOL": "tcp"},
+    ).both(True),
+    Row(
+        "elastic-ep-mooncake-makes-an-engine-in-0.5.23",
+        flags=HICACHE + " --elastic-ep-backend mooncake",
+        env={"MOONCAKE_MASTER": MASTER, "MC_FORCE_TCP": "1", "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"},
+        eligible={"0.5.14": False, "0.5.23": True},
+        failing={"0.5.14": {"shared_engine_exists"}, "0.5.23": set()},
+    ),
+    Row(
+        "pd-normalises-the-ib-list",
+        flags=HICACHE + " --disaggregation-mode decode --disaggregation-ib-device 'mlx5_0, mlx5_1'",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0,mlx5_1"},
+        sglang=False,
+    ).both(True),
+    Row(
+        "pd-normalises-so-spaces-no-longer-match",
+        flags=HICACHE + " --disaggregation-mode decode --disaggregation-ib-device 'mlx5_0, mlx5_1'",
+        env={"MOONCAKE_MASTER": MASTER, "MOONCAKE_DEVICE": "mlx5_0, mlx5_1"},
+        sglang=False,
+    ).both(False, {"device_name_matches"}),
 ]
 
 
@@ -153,8 +239,13 @@ def _fill(value, master: str, http_metadata: str):
     return value
 
 
-def materialise(row: Row, tmp_path: Path, master: str = "127.0.0.1:50051",
-                http_metadata: str = "http://127.0.0.1:8080/metadata", small: bool = False):
+def materialise(
+    row: Row,
+    tmp_path: Path,
+    master: str = "127.0.0.1:50051",
+    http_metadata: str = "http://127.0.0.1:8080/metadata",
+    small: bool = False,
+):
     """(server args string, env dict) for a row; the file row is written under tmp_path.
 
     `small` adds a 16 MiB global_segment_size to the extra-config and the file (a real store
@@ -216,33 +307,52 @@ def test_default_env_explains_the_empty_string_versus_none(tmp_path):
 def test_fixes_name_the_source_that_really_holds_the_value(tmp_path):
     path = tmp_path / "mc.json"
     path.write_text(json.dumps({"master_server_address": "10.0.0.1:50051", "device_name": "mlx5_1"}))
-    report = check_reuse("0.5.23", server_args=HICACHE + " --disaggregation-ib-device mlx5_0",
-                         env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path)})
-    assert report.fix["changes"] == [{"kind": "config", "name": "device_name", "value": "mlx5_0",
-                                      "text": f'set "device_name": "mlx5_0" in the Mooncake config file {path}'}]
+    report = check_reuse(
+        "0.5.23",
+        server_args=HICACHE + " --disaggregation-ib-device mlx5_0",
+        env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path)},
+    )
+    assert report.fix["changes"] == [
+        {
+            "kind": "config",
+            "name": "device_name",
+            "value": "mlx5_0",
+            "text": f'set "device_name": "mlx5_0" in the Mooncake config file {path}',
+        }
+    ]
     # tcp deployments: keep TCP with MC_FORCE_TCP=1 and protocol "rdma"
     report = check_reuse("0.5.23", env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_PROTOCOL": "tcp"})
     names = [c["name"] for c in report.fix["changes"]]
     assert names == ["MOONCAKE_PROTOCOL", "MC_FORCE_TCP"] and report.fix["verified"]
     # per-rank store map without an IB flag: the same devices keyed by GPU id
-    report = check_reuse("0.5.23", server_args=HICACHE + " --tp-size 2 --base-gpu-id 4",
-                         env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": MAP2})
+    report = check_reuse(
+        "0.5.23",
+        server_args=HICACHE + " --tp-size 2 --base-gpu-id 4",
+        env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": MAP2},
+    )
     assert report.fix["changes"][0]["value"] == '{"4":"mlx5_0","5":"mlx5_1"}'
     # DP attention: two ranks share storage tp rank 0, so the fix goes to the flag
-    report = check_reuse("0.5.23", server_args=HICACHE + f" --tp-size 2 --attn-dp-size 2 --disaggregation-ib-device '{MAP2}'",
-                         env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'})
+    report = check_reuse(
+        "0.5.23",
+        server_args=HICACHE + f" --tp-size 2 --attn-dp-size 2 --disaggregation-ib-device '{MAP2}'",
+        env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'},
+    )
     assert report.fix["changes"][0]["name"] == "disaggregation_ib_device" and report.fix["verified"]
 
 
 def test_warnings_for_what_sglang_does_silently(tmp_path):
-    report = check_reuse("0.5.23", env={"MOONCAKE_MASTER": "1.2.3.4:5", "MC_FORCE_TCP": "yes",
-                                        "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "maybe"})
+    report = check_reuse(
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "1.2.3.4:5", "MC_FORCE_TCP": "yes", "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "maybe"},
+    )
     text = " ".join(report.warnings)
-    assert "compares it with \"1\" exactly" in text and "not a boolean" in text
+    assert 'compares it with "1" exactly' in text and "not a boolean" in text
     path = tmp_path / "f.json"
     path.write_text(json.dumps({"master_server_address": "1.2.3.4:5", "protocol": "rdma"}))
-    report = check_reuse("0.5.23", env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path), "MOONCAKE_PROTOCOL": "tcp",
-                                        "MC_FORCE_TCP": "1"})
+    report = check_reuse(
+        "0.5.23",
+        env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path), "MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"},
+    )
     assert report.eligible and any("does not compare them" in w for w in report.warnings)
 
 
@@ -263,7 +373,7 @@ def test_warnings_for_what_sglang_does_silently(tmp_path):
         ({"server_args": HICACHE + " --hicache-storage-backend file"}, "no Mooncake store"),
         ({"server_args": HICACHE + " --hicache-storage-backend-extra-config '{bad'"}, "not valid JSON"),
         ({"server_args": HICACHE + " --hicache-storage-backend-extra-config '[1]'"}, "must be a JSON object"),
-        ({"server_args": HICACHE + " --disaggregation-ib-device '{\"0\": \"mlx5_0\"}' --tp-size 2"}, "runs on GPU 1"),
+        ({"server_args": HICACHE + ' --disaggregation-ib-device \'{"0": "mlx5_0"}\' --tp-size 2'}, "runs on GPU 1"),
         ({"server_args": HICACHE + " --disaggregation-ib-device '{nope'"}, "not valid JSON"),
         ({"server_args": HICACHE + " --disaggregation-ib-device /nowhere/ib.json"}, "does not exist here"),
         ({"server_args": HICACHE + " --tp-size 3 --attn-dp-size 2"}, "not divisible"),
@@ -284,7 +394,11 @@ def test_bad_input_is_one_sentence(kwargs, phrase):
 
 def test_version_specific_flags():
     with pytest.raises(InputError, match="0.5.14 has no --enable-hicache"):
-        check_reuse("0.5.14", server_args="--enable-hicache --hicache-storage-backend mooncake", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
+        check_reuse(
+            "0.5.14",
+            server_args="--enable-hicache --hicache-storage-backend mooncake",
+            env={"MOONCAKE_MASTER": "1.2.3.4:5"},
+        )
     with pytest.raises(InputError, match="not supported"):
         check_reuse("0.5.99", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
 
@@ -304,7 +418,11 @@ def test_cli_exit_codes_and_json_shape(tmp_path):
     data = json.loads(ok.stdout)
     assert data["eligible"] is True and data["fix"] is None
     assert [c["name"] for c in data["conditions"]] == [
-        "shared_engine_exists", "device_name_matches", "metadata_server_p2phandshake", "protocol_rdma"]
+        "shared_engine_exists",
+        "device_name_matches",
+        "metadata_server_p2phandshake",
+        "protocol_rdma",
+    ]
     bad = invoke("--json", "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
     assert bad.exit_code == 1
     data = json.loads(bad.stdout)
@@ -314,11 +432,28 @@ def test_cli_exit_codes_and_json_shape(tmp_path):
     assert human.exit_code == 1
     assert "verdict: not reused" in human.stdout and "does it matter?" in human.stdout
     assert "device_name_matches" in human.stdout and "why:" in human.stdout
-    per_rank = invoke("--server-args", HICACHE + " --tp-size 2", "--env", f"MOONCAKE_DEVICE={MAP2}",
-                      "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
+    per_rank = invoke(
+        "--server-args",
+        HICACHE + " --tp-size 2",
+        "--env",
+        f"MOONCAKE_DEVICE={MAP2}",
+        "--sglang-version",
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "1.2.3.4:5"},
+    )
     assert per_rank.exit_code == 1 and "per rank" in per_rank.stdout
-    one = invoke("--server-args", HICACHE + " --tp-size 2", "--env", f"MOONCAKE_DEVICE={MAP2}", "--tp-rank", "1",
-                 "--json", "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
+    one = invoke(
+        "--server-args",
+        HICACHE + " --tp-size 2",
+        "--env",
+        f"MOONCAKE_DEVICE={MAP2}",
+        "--tp-rank",
+        "1",
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "1.2.3.4:5"},
+    )
     data = json.loads(one.stdout)
     assert [r["rank"] for r in data["ranks"]] == ["tp1"] and data["conditions"][1]["actual"] == "mlx5_1"
 
@@ -326,12 +461,28 @@ def test_cli_exit_codes_and_json_shape(tmp_path):
 def test_cli_config_file_and_extra_config(tmp_path):
     path = tmp_path / "mc.json"
     path.write_text(json.dumps({"master_server_address": "1.2.3.4:5", "device_name": "mlx5_0"}))
-    res = invoke("--config", str(path), "--server-args", HICACHE + " --disaggregation-ib-device mlx5_0", "--json",
-                 "--sglang-version", "0.5.23")
+    res = invoke(
+        "--config",
+        str(path),
+        "--server-args",
+        HICACHE + " --disaggregation-ib-device mlx5_0",
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["store_config"]["origin"] == "file"
-    res = invoke("--extra-config", '{"master_server_address": "1.2.3.4:5", "device_name": "mlx5_1"}', "--config", str(path),
-                 "--server-args", HICACHE + " --disaggregation-ib-device mlx5_0", "--json", "--sglang-version", "0.5.23")
+    res = invoke(
+        "--extra-config",
+        '{"master_server_address": "1.2.3.4:5", "device_name": "mlx5_1"}',
+        "--config",
+        str(path),
+        "--server-args",
+        HICACHE + " --disaggregation-ib-device mlx5_0",
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+    )
     assert res.exit_code == 1 and json.loads(res.stdout)["store_config"]["origin"] == "extra_config"
 
 
@@ -345,8 +496,16 @@ def test_cli_config_file_and_extra_config(tmp_path):
         (["--tcp"], {}, "only apply with --live"),
         (["--master-rpc", "127.0.0.1:1"], {}, "only apply with --live"),
         (["--config", "/a.json"], {"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": "/b.json"}, "contradicts"),
-        (["--extra-config", '{"master_server_address": "1.2.3.4:5"}', "--server-args",
-          HICACHE + " --hicache-storage-backend-extra-config '{\"master_server_address\": \"5.6.7.8:9\"}'"], {}, "differ"),
+        (
+            [
+                "--extra-config",
+                '{"master_server_address": "1.2.3.4:5"}',
+                "--server-args",
+                HICACHE + ' --hicache-storage-backend-extra-config \'{"master_server_address": "5.6.7.8:9"}\'',
+            ],
+            {},
+            "differ",
+        ),
         (["--env", "NOEQUALS"], {}, "NAME=VALUE"),
         ([], {"MOONCAKE_TE_META_DATA_SERVER": "redis://x:1"}, "Redis"),
         (["--live", "--timeout", "0"], {}, "must be positive"),
@@ -362,9 +521,11 @@ def test_cli_bad_input_exits_2_with_one_sentence(args, env, phrase):
 
 
 def test_help_imports_no_torch_mooncake_or_sglang():
-    code = ("import sys; from hicache_ops.cli.main import app; from typer.testing import CliRunner; "
-            "r = CliRunner().invoke(app, ['te', 'check', '--help']); assert r.exit_code == 0, r.output; "
-            "print(sorted(m for m in ('torch', 'mooncake', 'sglang') if m in sys.modules))")
+    code = (
+        "import sys; from hicache_ops.cli.main import app; from typer.testing import CliRunner; "
+        "r = CliRunner().invoke(app, ['te', 'check', '--help']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in ('torch', 'mooncake', 'sglang') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -376,8 +537,16 @@ def test_help_imports_no_torch_mooncake_or_sglang():
 
 
 def test_live_against_the_session_master_over_tcp(mooncake_master):
-    res = invoke("--live", "--tcp", "--master-rpc", mooncake_master.rpc_address, "--json", "--sglang-version", "0.5.23",
-                 env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
+    res = invoke(
+        "--live",
+        "--tcp",
+        "--master-rpc",
+        mooncake_master.rpc_address,
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "10.9.9.9:50051"},
+    )
     data = json.loads(res.stdout)
     assert res.exit_code == 1, res.output  # the default deployment is not reused; the live path still works
     live = data["live"]
@@ -397,8 +566,16 @@ def test_live_master_unreachable_exits_3_fast():
     from hicache_ops.mooncake.net import free_port
 
     started = time.monotonic()
-    res = invoke("--live", "--tcp", "--master-rpc", f"127.0.0.1:{free_port()}", "--json", "--sglang-version", "0.5.23",
-                 env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
+    res = invoke(
+        "--live",
+        "--tcp",
+        "--master-rpc",
+        f"127.0.0.1:{free_port()}",
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "10.9.9.9:50051"},
+    )
     assert res.exit_code == 3, res.output
     assert json.loads(res.stdout)["error"]["code"] == "unreachable"
     assert time.monotonic() - started < 10
@@ -408,8 +585,18 @@ def test_live_against_a_silent_master_exits_3_within_the_timeout(fresh_mooncake_
     """A master that accepts connections but answers nothing is unreachable (exit 3), not a failed test (1)."""
     freeze_process(fresh_mooncake_master.pid)
     started = time.monotonic()
-    res = invoke("--live", "--tcp", "--master-rpc", fresh_mooncake_master.rpc_address, "--timeout", "10", "--json",
-                 "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "10.9.9.9:50051"})
+    res = invoke(
+        "--live",
+        "--tcp",
+        "--master-rpc",
+        fresh_mooncake_master.rpc_address,
+        "--timeout",
+        "10",
+        "--json",
+        "--sglang-version",
+        "0.5.23",
+        env={"MOONCAKE_MASTER": "10.9.9.9:50051"},
+    )
     assert res.exit_code == 3, res.output
     assert fresh_mooncake_master.rpc_address in json.loads(res.stdout)["error"]["message"]
     assert time.monotonic() - started < 10 + 5
@@ -455,10 +642,23 @@ def sglang_rt(tmp_path_factory):
     from hicache_ops.mooncake.master import EmbeddedMaster
 
     model = tmp_path_factory.mktemp("tiny-model")
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 256,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-5,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     from mooncake.store import MooncakeDistributedStore
 
     class NotedClient(MooncakeDistributedStore):
@@ -484,9 +684,19 @@ def sglang_rt(tmp_path_factory):
     store_logger.addHandler(lines)
     old_level = store_logger.level
     store_logger.setLevel(logging.INFO)
-    ns = dict(te_mod=te_mod, store_mod=store_mod, HiCacheStorageConfig=HiCacheStorageConfig, ServerArgs=ServerArgs,
-              get_context=get_context, get_disagg=get_disagg, get_exec=get_exec, model=str(model), master=master, lines=lines,
-              NotedClient=NotedClient)
+    ns = dict(
+        te_mod=te_mod,
+        store_mod=store_mod,
+        HiCacheStorageConfig=HiCacheStorageConfig,
+        ServerArgs=ServerArgs,
+        get_context=get_context,
+        get_disagg=get_disagg,
+        get_exec=get_exec,
+        model=str(model),
+        master=master,
+        lines=lines,
+        NotedClient=NotedClient,
+    )
     try:
         yield ns
     finally:
@@ -542,8 +752,16 @@ def _sglang_rank(rt, monkeypatch, rank, extra: dict | None, tp_size: int):
     lines.clear()
     noted.setups.clear()
     config = rt["HiCacheStorageConfig"](
-        tp_rank=rank.store_tp_rank, tp_size=tp_size, pp_rank=rank.pp_rank, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True, model_name="m",
+        tp_rank=rank.store_tp_rank,
+        tp_size=tp_size,
+        pp_rank=rank.pp_rank,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="m",
         extra_config=dict(extra) if extra else None,
     )
     store_cls = rt["store_mod"].MooncakeStore
@@ -608,7 +826,7 @@ def test_table_against_sglang_0_5_23(row: Row, sglang_rt, clean_env, tmp_path):
 def test_a_gpu_map_that_misses_a_rank_fails_in_sglang_and_here(sglang_rt, clean_env, tmp_path):
     for name, value in {**QUIET, "MOONCAKE_MASTER": sglang_rt["master"].rpc_address}.items():
         clean_env.setenv(name, value)
-    flags = HICACHE + " --tp-size 2 --disaggregation-ib-device '{\"0\": \"mlx5_0\"}'"
+    flags = HICACHE + ' --tp-size 2 --disaggregation-ib-device \'{"0": "mlx5_0"}\''
     with pytest.raises(InputError, match="runs on GPU 1"):
         check_reuse("0.5.23", server_args=flags)
     _sglang_resolve(sglang_rt, flags)
@@ -638,6 +856,9 @@ def test_rank_placement_is_sglangs(flags, sglang_rt):
     args = parse_server_args(flags, "0.5.23")
     _sglang_resolve(sglang_rt, flags)
     pp_range, tp_range, pp_per_node, tp_per_node = _calculate_rank_ranges(get_parallel().node_rank)
-    theirs = [(pp, tp, compute_local_gpu_id(pp, tp, pp_per_node, tp_per_node, args.base_gpu_id, args.gpu_id_step))
-              for pp in pp_range for tp in tp_range]
+    theirs = [
+        (pp, tp, compute_local_gpu_id(pp, tp, pp_per_node, tp_per_node, args.base_gpu_id, args.gpu_id_step))
+        for pp in pp_range
+        for tp in tp_range
+    ]
     assert [(r.pp_rank, r.tp_rank, r.gpu_id) for r in node_ranks(args)] == theirs

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from hicache_ops.commands.te.report import check_reuse
+from hicache_ops.commands.te.rule import REUSE_LOG_LINE
 from hicache_ops.mooncake.master import EmbeddedMaster
-from hicache_ops.te.report import check_reuse
-from hicache_ops.te.rule import REUSE_LOG_LINE
 from sglang_0_5_14 import run_0_5_14
 
 
@@ -150,10 +150,23 @@ for row in PAYLOAD["rows"]:
 def decisions(tmp_path_factory):
     """SGLang 0.5.14's decision for every row and rank, next to ours, from one child process."""
     model = tmp_path_factory.mktemp("tiny-model")
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
-        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 256,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-5,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     master = EmbeddedMaster(http_metadata=True, log_path=tmp_path_factory.mktemp("master") / "mooncake_master.log")
     master.start()
     try:
@@ -165,11 +178,17 @@ def decisions(tmp_path_factory):
             env = {**QUIET, **env}
             report = check_reuse("0.5.14", server_args=flags, env=env)
             ours.append(report)
-            rows.append({
-                "flags": flags, "env": env, "tp_size": report.args.tp_size,
-                "ranks": [{"gpu_id": r.rank.gpu_id, "store_tp_rank": r.rank.store_tp_rank, "pp_rank": r.rank.pp_rank}
-                          for r in report.ranks],
-            })
+            rows.append(
+                {
+                    "flags": flags,
+                    "env": env,
+                    "tp_size": report.args.tp_size,
+                    "ranks": [
+                        {"gpu_id": r.rank.gpu_id, "store_tp_rank": r.rank.store_tp_rank, "pp_rank": r.rank.pp_rank}
+                        for r in report.ranks
+                    ],
+                }
+            )
         payload = {"rows": rows, "model": str(model), "clean_env": list(CLEAN_ENV), "reuse_line": REUSE_LOG_LINE}
         theirs = run_0_5_14(SCRIPT, payload, timeout=600)
     finally:

@@ -6,22 +6,39 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_process import Serve
 
+from cli_runner import hicache
+from hicache_ops.commands.trace.run import FAULTS, run_embedded
 from hicache_ops.engine.builder import EngineSpec
 from hicache_ops.sglang.geometry import ModelGeometry, preset
-from hicache_ops.trace.run import FAULTS, run_embedded
-from cli_runner import hicache
+from serve_process import Serve
 
 TOKENS = list(range(2000, 2200))  # 12 whole pages of 16 and 8 trailing tokens
 # wait_complete: a test that expects every L3 page must not depend on how fast reads are here
 # (best_effort takes what arrived by admission); the stop-policy fault sets its own policy.
 SPEC = EngineSpec(page_size=16, device_tokens=1024, prefetch_threshold=64, stop_policy="wait_complete")
 
-WRITE_STEPS = ["compute", "write policy", "device to host", "backed-up ack", "page keys", "object keys",
-               "batch_is_exist", "batch_put_from", "verify on master"]
-READ_STEPS = ["local match", "prefetch decision", "batch_exists", "batch_get_into", "stop policy", "insert",
-              "load back", "device bytes"]
+WRITE_STEPS = [
+    "compute",
+    "write policy",
+    "device to host",
+    "backed-up ack",
+    "page keys",
+    "object keys",
+    "batch_is_exist",
+    "batch_put_from",
+    "verify on master",
+]
+READ_STEPS = [
+    "local match",
+    "prefetch decision",
+    "batch_exists",
+    "batch_get_into",
+    "stop policy",
+    "insert",
+    "load back",
+    "device bytes",
+]
 
 
 def test_healthy_write_path_passes_every_step():
@@ -80,7 +97,17 @@ def test_cli_json_lines_and_exit_codes():
     assert [r["name"] for r in records] == WRITE_STEPS
     assert set(records[0]) >= {"step", "name", "status", "detail", "elapsed_ms"}
     result = hicache(
-        ["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--prefetch-threshold", "64", "--inject", "missing-v", "--json"]
+        [
+            "trace",
+            "read",
+            "--tokens",
+            ",".join(map(str, TOKENS)),
+            "--prefetch-threshold",
+            "64",
+            "--inject",
+            "missing-v",
+            "--json",
+        ]
     )
     assert result.exit_code == 1
     assert json.loads(result.stdout.splitlines()[-1])["status"] == "FAIL"
@@ -110,7 +137,15 @@ def test_cli_bad_input_exits_2(args, fragment):
 
 
 def test_against_a_running_serve(tmp_path):
-    serve = Serve(tmp_path, "--device-tokens", "1024", "--prefetch-threshold", "64", "--hicache-storage-prefetch-policy", "wait_complete")
+    serve = Serve(
+        tmp_path,
+        "--device-tokens",
+        "1024",
+        "--prefetch-threshold",
+        "64",
+        "--hicache-storage-prefetch-policy",
+        "wait_complete",
+    )
     try:
         ids = ",".join(map(str, TOKENS))
         observed = hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--json"])
@@ -141,12 +176,22 @@ def test_read_only_trace_changes_nothing(tmp_path):
         assert after["stats"] == before["stats"] and after["occupancy"] == before["occupancy"]
 
         ids = ",".join(map(str, TOKENS))
-        assert hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"]).exit_code == 0
+        assert (
+            hicache(["trace", "write", "--tokens", ids, "--serve", serve.url, "--allow-writes", "--json"]).exit_code
+            == 0
+        )
         serve.client.flush()
         before = serve.client.stats()
         run = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])
         names = [json.loads(line)["name"] for line in run.stdout.splitlines()]
-        assert run.exit_code == 0 and names == ["local match", "prefetch decision", "batch_exists", "batch_get_into", "stop policy", "verdict"]
+        assert run.exit_code == 0 and names == [
+            "local match",
+            "prefetch decision",
+            "batch_exists",
+            "batch_get_into",
+            "stop policy",
+            "verdict",
+        ]
         after = serve.client.stats()
         assert after["occupancy"] == before["occupancy"]  # the scratch pages were given back, nothing joined the tree
     finally:
@@ -161,11 +206,24 @@ def test_unreachable_serve_exits_3():
 @pytest.mark.parametrize(
     "spec",
     [
-        EngineSpec(geometry=preset("tiny-mla"), page_size=16,
-                   device_tokens=1024, prefetch_threshold=64, tp_size=2, stop_policy="wait_complete"),
-        EngineSpec(geometry=ModelGeometry.mha(2, 4, 16),
-                   page_size=16, device_tokens=512, prefetch_threshold=64, tp_size=2, layout="page_head", tp_lcm_size=4,
-                   stop_policy="wait_complete"),
+        EngineSpec(
+            geometry=preset("tiny-mla"),
+            page_size=16,
+            device_tokens=1024,
+            prefetch_threshold=64,
+            tp_size=2,
+            stop_policy="wait_complete",
+        ),
+        EngineSpec(
+            geometry=ModelGeometry.mha(2, 4, 16),
+            page_size=16,
+            device_tokens=512,
+            prefetch_threshold=64,
+            tp_size=2,
+            layout="page_head",
+            tp_lcm_size=4,
+            stop_policy="wait_complete",
+        ),
     ],
     ids=["mla-tp2", "page-head-split-heads"],
 )

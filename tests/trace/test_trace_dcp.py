@@ -16,18 +16,26 @@ import numpy as np
 import pytest
 
 from cli_runner import hicache
+from hicache_ops.commands.trace.run import run_embedded
+from hicache_ops.commands.trace.steps import trace_write
 from hicache_ops.engine.builder import EngineSpec, build_accounting, build_bytes
 from hicache_ops.engine.reference import reference_page
 from hicache_ops.sglang.geometry import preset
-from hicache_ops.trace.run import run_embedded
-from hicache_ops.trace.steps import trace_write
 
 PAGE = 16  # the logical page: 8 tokens per DCP rank
 PAGES = 4
 TOKENS = list(range(5000, 5000 + PAGES * PAGE + 5))
 SPEC = EngineSpec(
-    geometry=preset("tiny-mla"), page_size=PAGE, device_tokens=512, tp_size=4, dcp_size=2, sglang_version="0.5.23",
-    model_name="deepseek-ai/DeepSeek-V3", prefetch_threshold=32, stop_policy="wait_complete", torch_device="cpu",
+    geometry=preset("tiny-mla"),
+    page_size=PAGE,
+    device_tokens=512,
+    tp_size=4,
+    dcp_size=2,
+    sglang_version="0.5.23",
+    model_name="deepseek-ai/DeepSeek-V3",
+    prefetch_threshold=32,
+    stop_policy="wait_complete",
+    torch_device="cpu",
 )
 
 
@@ -43,23 +51,59 @@ def sglang_store(master, tp_rank: int):
 
     g = SPEC.geometry
     dcp_rank = tp_rank % SPEC.dcp_size
-    device = MLATokenToKVPool(PAGES * PAGE * 2, PAGE, torch.bfloat16, kv_lora_rank=g.kv_lora_rank,
-                              qk_rope_head_dim=g.qk_rope_head_dim, layer_num=g.layers, device="cpu",
-                              enable_memory_saver=False, start_layer=0, end_layer=g.layers)
+    device = MLATokenToKVPool(
+        PAGES * PAGE * 2,
+        PAGE,
+        torch.bfloat16,
+        kv_lora_rank=g.kv_lora_rank,
+        qk_rope_head_dim=g.qk_rope_head_dim,
+        layer_num=g.layers,
+        device="cpu",
+        enable_memory_saver=False,
+        start_layer=0,
+        end_layer=g.layers,
+    )
     # page_size arrives widened (the logical page), as from SGLang's DCP allocator
     host = MLATokenToKVPoolHost(
-        device.get_device_pool_infos()[0].buffer_info, 2.0, 0, PAGE, "page_first", pin_memory=False, device="cpu",
-        dcp_size=SPEC.dcp_size, dcp_rank=dcp_rank, device_capacity_tokens=device.size, start_layer=0,
-        end_layer=g.layers, target_layer_num=g.layers, override_kv_cache_dim=device.kv_cache_dim,
+        device.get_device_pool_infos()[0].buffer_info,
+        2.0,
+        0,
+        PAGE,
+        "page_first",
+        pin_memory=False,
+        device="cpu",
+        dcp_size=SPEC.dcp_size,
+        dcp_rank=dcp_rank,
+        device_capacity_tokens=device.size,
+        start_layer=0,
+        end_layer=g.layers,
+        target_layer_num=g.layers,
+        override_kv_cache_dim=device.kv_cache_dim,
     )
     config = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=SPEC.tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True, model_name=SPEC.model_name,
-        tp_lcm_size=None, should_split_heads=False, dcp_size=SPEC.dcp_size, dcp_rank=dcp_rank,
+        tp_rank=tp_rank,
+        tp_size=SPEC.tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=True,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name=SPEC.model_name,
+        tp_lcm_size=None,
+        should_split_heads=False,
+        dcp_size=SPEC.dcp_size,
+        dcp_rank=dcp_rank,
         logical_page_size=PAGE,
-        extra_config={"master_server_address": master.rpc_address, "metadata_server": master.metadata_server,
-                      "protocol": "tcp", "device_name": "", "global_segment_size": (16 << 20) * SPEC.tp_size,  # SGLang splits it over tp ranks
-                      "local_hostname": "127.0.0.1"},
+        extra_config={
+            "master_server_address": master.rpc_address,
+            "metadata_server": master.metadata_server,
+            "protocol": "tcp",
+            "device_name": "",
+            "global_segment_size": (16 << 20) * SPEC.tp_size,  # SGLang splits it over tp ranks
+            "local_hostname": "127.0.0.1",
+        },
     )
     store = MooncakeStore(config, host)
     store.register_mem_pool_host(host)
@@ -70,7 +114,7 @@ def test_dcp_write_objects_are_what_sglang_names_and_holds_per_rank(mooncake_mas
     import torch
     from sglang.srt.layers.dcp.layout import maybe_dcp_kernel_indices
 
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
 
     client = StoreClient.connect(mooncake_master.rpc_address, segment_size=64 << 20)
     stores = []
@@ -78,7 +122,9 @@ def test_dcp_write_objects_are_what_sglang_names_and_holds_per_rank(mooncake_mas
         cache = build_bytes(SPEC, client)
         steps = trace_write(cache, TOKENS)
         assert [s.status for s in steps] == ["PASS"] * 6 + ["INFO"] + ["PASS"] * 3, [(s.name, s.summary) for s in steps]
-        assert steps[6].name == "dcp shards" and "token i of each 16-token page goes to DCP rank i % 2" in steps[6].summary
+        assert (
+            steps[6].name == "dcp shards" and "token i of each 16-token page goes to DCP rank i % 2" in steps[6].summary
+        )
         table = steps[6].detail["dcp_pages"]
         page_keys = [p["page_key"] for p in table]
         assert [p["page"] for p in table] == list(range(PAGES))
@@ -94,8 +140,10 @@ def test_dcp_write_objects_are_what_sglang_names_and_holds_per_rank(mooncake_mas
             theirs = store._batch_preprocess(store._tag_keys(page_keys), logical)[0]
             ours = [p["shards"][d]["object_key"] for p in table]
             assert theirs == ours, tp_rank
-            assert all(k.startswith("deepseek-ai-DeepSeek-V3_tp4_dcp2_page16_pp1_cp1_") and k.endswith(f"_dcp{d}_cp0_k")
-                       for k in ours)
+            assert all(
+                k.startswith("deepseek-ai-DeepSeek-V3_tp4_dcp2_page16_pp1_cp1_") and k.endswith(f"_dcp{d}_cp0_k")
+                for k in ours
+            )
             # SGLang's writer rule: the first DCP group writes, one rank per shard.
             writers = {w for p in table for w in p["shards"][d]["writer_tp_ranks"]}
             assert config.is_storage_writer == (tp_rank in writers) == (tp_rank < SPEC.dcp_size)
@@ -165,21 +213,58 @@ def test_accounting_counts_each_rank_its_shard():
     assert [k[-11:] for k in keys] == ["_dcp0_cp0_k"] * 2 + ["_dcp1_cp0_k"] * 2
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--preset", "tiny-mla", "--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.14"], "SGLang 0.5.14 has no DCP"),
-    (["--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.23"], "needs an MLA model"),
-    (["--preset", "tiny-mla", "--tp-size", "3", "--dcp-size", "2", "--sglang-version", "0.5.23"], "not a multiple of dcp-size 2"),
-    (["--preset", "tiny-mla", "--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.23",
-      "--hicache-mem-layout", "layer_first"], "multi-buffer"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (
+            ["--preset", "tiny-mla", "--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.14"],
+            "SGLang 0.5.14 has no DCP",
+        ),
+        (["--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.23"], "needs an MLA model"),
+        (
+            ["--preset", "tiny-mla", "--tp-size", "3", "--dcp-size", "2", "--sglang-version", "0.5.23"],
+            "not a multiple of dcp-size 2",
+        ),
+        (
+            [
+                "--preset",
+                "tiny-mla",
+                "--tp-size",
+                "2",
+                "--dcp-size",
+                "2",
+                "--sglang-version",
+                "0.5.23",
+                "--hicache-mem-layout",
+                "layer_first",
+            ],
+            "multi-buffer",
+        ),
+    ],
+)
 def test_cli_refuses_dcp_it_cannot_trace(args, fragment):
     result = hicache(["trace", "write", "--tokens", ",".join(map(str, TOKENS)), *args])
     assert result.exit_code == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_cli_write_json_has_the_dcp_shards_step():
-    result = hicache(["trace", "write", "--tokens", ",".join(map(str, TOKENS)), "--preset", "tiny-mla", "--tp-size", "2",
-                      "--dcp-size", "2", "--sglang-version", "0.5.23", "--json"])
+    result = hicache(
+        [
+            "trace",
+            "write",
+            "--tokens",
+            ",".join(map(str, TOKENS)),
+            "--preset",
+            "tiny-mla",
+            "--tp-size",
+            "2",
+            "--dcp-size",
+            "2",
+            "--sglang-version",
+            "0.5.23",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.stdout + result.stderr
     records = {r["name"]: r for r in map(json.loads, result.stdout.splitlines())}
     shards = records["dcp shards"]["detail"]["dcp_pages"][0]["shards"]
@@ -188,13 +273,28 @@ def test_cli_write_json_has_the_dcp_shards_step():
 
 
 def test_serve_with_dcp_traces_warms_and_names_a_lost_shard(tmp_path):
+    from hicache_ops.mooncake.store_client import StoreClient
     from serve_process import Serve
 
-    from hicache_ops.mooncake.store import StoreClient
-
-    serve = Serve(tmp_path, "--preset", "tiny-mla", "--tp-size", "2", "--dcp-size", "2", "--sglang-version", "0.5.23",
-                  "--page-size", str(PAGE), "--device-tokens", "512", "--prefetch-threshold", "32",
-                  "--hicache-storage-prefetch-policy", "wait_complete")
+    serve = Serve(
+        tmp_path,
+        "--preset",
+        "tiny-mla",
+        "--tp-size",
+        "2",
+        "--dcp-size",
+        "2",
+        "--sglang-version",
+        "0.5.23",
+        "--page-size",
+        str(PAGE),
+        "--device-tokens",
+        "512",
+        "--prefetch-threshold",
+        "32",
+        "--hicache-storage-prefetch-policy",
+        "wait_complete",
+    )
     try:
         config = serve.client.stats()["config"]
         assert config["dcp_size"] == 2 and config["rank_page_size"] == PAGE // 2
@@ -234,6 +334,22 @@ def test_a_corrupted_shard_fails_verification_and_missing_v_is_refused_under_mla
     run = run_embedded("read", TOKENS, SPEC, inject="corrupted-object")  # DCP rank 0's object of page 1
     failed = run.failed_step
     assert failed is not None and failed.name == "batch_get_into" and failed.detail["corrupt_pages"] == [1]
-    result = hicache(["trace", "read", "--tokens", ",".join(map(str, TOKENS)), "--preset", "tiny-mla", "--tp-size", "2",
-                      "--dcp-size", "2", "--sglang-version", "0.5.23", "--inject", "missing-v"])
+    result = hicache(
+        [
+            "trace",
+            "read",
+            "--tokens",
+            ",".join(map(str, TOKENS)),
+            "--preset",
+            "tiny-mla",
+            "--tp-size",
+            "2",
+            "--dcp-size",
+            "2",
+            "--sglang-version",
+            "0.5.23",
+            "--inject",
+            "missing-v",
+        ]
+    )
     assert result.exit_code == 2 and "only `_k` objects" in result.stderr, result.stderr

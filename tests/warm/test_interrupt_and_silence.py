@@ -10,13 +10,13 @@ import time
 
 import numpy as np
 import pytest
-from serve_process import HICACHE, Serve
 
 from cli_runner import hicache
+from hicache_ops.commands.inspect.key_listing import expected_keys
+from hicache_ops.commands.warm import deployment_of_serve
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.tokens import read_prompts
-from hicache_ops.inspect.keys import expected_keys
-from hicache_ops.warm import deployment_of_serve
+from serve_process import HICACHE, Serve
 
 SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
 
@@ -27,6 +27,7 @@ def write_prompts(path, n: int, seed: int, length: int = 100) -> str:
         for _ in range(n):
             f.write(json.dumps({"input_ids": rng.integers(0, 60_000, size=length).tolist()}) + "\n")
     return str(path)
+
 
 TIMEOUT = 2.0
 SLACK = 5.0  # loose upper bound over --timeout for a loaded 2-core machine, not a performance figure
@@ -49,8 +50,12 @@ def test_signal_stops_warm_with_an_honest_summary_and_a_rerun_resumes(serve, tmp
     before = requests_served(serve)
     out = tmp_path / "warm.json"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen([HICACHE, "warm", path, "--serve", serve.url, "--json", "--timeout", str(TIMEOUT)],
-                                stdout=stdout, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [HICACHE, "warm", path, "--serve", serve.url, "--json", "--timeout", str(TIMEOUT)],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     deadline = time.monotonic() + 60
     while requests_served(serve) - before < 20 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -64,7 +69,9 @@ def test_signal_stops_warm_with_an_honest_summary_and_a_rerun_resumes(serve, tmp
     assert data["interrupted"] == sig.name and not data["complete"]
     summary = data["summary"]
     assert summary["written"] > 0 and summary["pending"] > 0
-    assert summary["written"] + summary["present"] + summary["pending"] + summary["failed"] + summary["not_landed"] == 1500
+    assert (
+        summary["written"] + summary["present"] + summary["pending"] + summary["failed"] + summary["not_landed"] == 1500
+    )
 
     # Every prompt reported written is in L3, object by object.
     deployment = deployment_of_serve(serve.info)
@@ -91,10 +98,16 @@ def test_sigint_stops_prefetch(serve, tmp_path):
     before = serve.client.stats()["stats"]["storage_hit"]
     out = tmp_path / "pf.json"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen([HICACHE, "prefetch", path, "--serve", serve.url, "--json"], stdout=stdout,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [HICACHE, "prefetch", path, "--serve", serve.url, "--json"],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     deadline = time.monotonic() + 60
-    while serve.client.stats()["stats"]["storage_hit"] == before and time.monotonic() < deadline and proc.poll() is None:
+    while (
+        serve.client.stats()["stats"]["storage_hit"] == before and time.monotonic() < deadline and proc.poll() is None
+    ):
         time.sleep(0.05)
     assert proc.poll() is None, "prefetch finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)

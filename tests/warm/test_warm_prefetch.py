@@ -9,16 +9,25 @@ import time
 
 import numpy as np
 import pytest
-from serve_process import Serve
 
+from cli_runner import hicache
+from hicache_ops.commands.warm import warm_serve
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.server.client import ServeClient
 from hicache_ops.tokens import read_prompts
-from hicache_ops.warm import warm_serve
-from cli_runner import hicache
+from serve_process import Serve
 
 # wait_complete: storage-hit assertions must not depend on how fast L3 reads are on a busy machine.
-SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32", "--hicache-storage-prefetch-policy", "wait_complete")
+SERVE_ARGS = (
+    "--device-tokens",
+    "2048",
+    "--page-size",
+    "16",
+    "--prefetch-threshold",
+    "32",
+    "--hicache-storage-prefetch-policy",
+    "wait_complete",
+)
 
 
 def write_prompts(path, n: int, seed: int, length: int = 100) -> str:
@@ -48,10 +57,25 @@ def test_warm_then_inspect_keys_finds_every_page_and_rerun_skips(serve, tmp_path
     assert data["summary"]["written"] == 5 and data["complete"]
     metrics = serve.info["master_metrics_address"]
     for line in range(1, 6):
-        result = hicache([
-            "inspect", "keys", "--tokens-file", prompts, "--line", str(line), "--page-size", "16",
-            "--model-name", "hicache/tiny", "--sglang-version", serve.info["sglang_version"], "--master", metrics, "--json",
-        ])
+        result = hicache(
+            [
+                "inspect",
+                "keys",
+                "--tokens-file",
+                prompts,
+                "--line",
+                str(line),
+                "--page-size",
+                "16",
+                "--model-name",
+                "hicache/tiny",
+                "--sglang-version",
+                serve.info["sglang_version"],
+                "--master",
+                metrics,
+                "--json",
+            ]
+        )
         assert result.exit_code == 0, result.stdout
         assert json.loads(result.stdout)["contiguous_pages"] == 6
     code, again = warm_json(prompts, "--serve", serve.url)
@@ -128,7 +152,7 @@ def test_warm_interrupted_by_killing_the_master_reports_and_a_rerun_completes(tm
 
 
 def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
-    from hicache_ops.mooncake.store import StoreClient
+    from hicache_ops.mooncake.store_client import StoreClient
 
     rpc, metrics = serve.info["master_rpc_address"], serve.info["master_metrics_address"]
     prompts = write_prompts(tmp_path / "mig.jsonl", 1, seed=5, length=48)
@@ -137,16 +161,30 @@ def test_migrate_prefix_copies_verifies_and_removes_old(serve, tmp_path):
         old = [k for k in admin.get_all_keys() if k.startswith("hicache-tiny_")]
     with StoreClient.connect(rpc) as store:
         original = {k: store.get(k) for k in old}
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc, "--json"])
+    result = hicache(
+        ["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc, "--json"]
+    )
     assert result.exit_code == 0, result.stdout
     data = json.loads(result.stdout)
     assert data["copied"] == len(old) and data["verified"] == len(old) and data["removed"] == 0
     with StoreClient.connect(rpc) as store:
         for key, value in original.items():
-            assert store.get("renamed_" + key[len("hicache-tiny_"):]) == value  # byte for byte
+            assert store.get("renamed_" + key[len("hicache-tiny_") :]) == value  # byte for byte
     # Resumable: the second run finds the copies in place; --remove-old then drops the originals.
-    result = hicache(["warm", "--migrate-prefix", "hicache-tiny_", "renamed_", "--master", metrics, "--master-rpc", rpc,
-                                 "--remove-old", "--json"])
+    result = hicache(
+        [
+            "warm",
+            "--migrate-prefix",
+            "hicache-tiny_",
+            "renamed_",
+            "--master",
+            metrics,
+            "--master-rpc",
+            rpc,
+            "--remove-old",
+            "--json",
+        ]
+    )
     data = json.loads(result.stdout)
     assert data["already_there"] == len(old) and data["removed"] == len(old)
     with AdminClient(metrics) as admin:
@@ -194,8 +232,19 @@ def test_existing_cluster_needs_synthetic(serve, tmp_path):
 
 
 def test_prefetch_cut_to_zero_is_not_verified(tmp_path):
-    slow = Serve(tmp_path, "--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32",
-                 "--hicache-storage-prefetch-policy", "best_effort", "--inject-l3-latency-ms", "500")
+    slow = Serve(
+        tmp_path,
+        "--device-tokens",
+        "2048",
+        "--page-size",
+        "16",
+        "--prefetch-threshold",
+        "32",
+        "--hicache-storage-prefetch-policy",
+        "best_effort",
+        "--inject-l3-latency-ms",
+        "500",
+    )
     try:
         prompts = write_prompts(tmp_path / "cut.jsonl", 1, seed=8, length=160)
         assert warm_json(prompts, "--serve", slow.url)[0] == 0

@@ -1,0 +1,3 @@
+from hicache_ops.cli.main import run
+
+run()

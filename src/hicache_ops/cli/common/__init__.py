@@ -1,0 +1,1 @@
+"""What every command of the CLI shares: options, output, help formatting, --sglang-url."""

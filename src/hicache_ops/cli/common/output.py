@@ -1,0 +1,149 @@
+"""One way to print: data on stdout (a Rich rendering or JSON), diagnostics and errors on stderr.
+
+In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} so a
+script reading stdout always gets JSON; the exit code says which kind of failure it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from hicache_ops.errors import HicacheError
+
+# highlight=False: Rich would otherwise colour numbers and paths inside our sentences at random.
+stdout = Console(soft_wrap=True, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+
+DEBUG_ENV = "HICACHE_DEBUG"
+# Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
+JSON_EXTRAS: ContextVar[dict] = ContextVar("json_extras", default={})
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
+    """Print `data` as JSON, or hand it to `render` for people."""
+    if json_output:
+        extras = JSON_EXTRAS.get()
+        print_json({**data, **extras} if extras and isinstance(data, dict) else data)
+    else:
+        render(data)
+
+
+# Human output shows this many rows of detail after its verdict; --all shows every row.
+DETAIL_ROWS = 20
+
+
+def first_rows(rows: list, show_all: bool, limit: int = DETAIL_ROWS) -> tuple[list, int]:
+    """The rows to print and how many were left out (none with --all)."""
+    if show_all or len(rows) <= limit:
+        return rows, 0
+    return rows[:limit], len(rows) - limit
+
+
+def print_left_out(left_out: int, what: str = "rows") -> None:
+    if left_out:
+        stdout.print(f"[dim]{left_out} more {what} (use --all or --json)[/]")
+
+
+def error_payload(err: HicacheError) -> dict:
+    return {"error": {"code": err.code, "message": err.message, "hint": err.hint}}
+
+
+def print_error(err: HicacheError, json_output: bool) -> None:
+    if json_output:
+        print_json(error_payload(err))
+        return
+    stderr.print(f"[bold red]error:[/] {err.message}")
+    if err.hint:
+        stderr.print(f"[dim]hint:[/] {err.hint}")
+
+
+@contextmanager
+def reporting(json_output: bool) -> Iterator[None]:
+    """Turn the library's known errors into one clear message and their exit code; SIGTERM ends a
+    command like Ctrl-C (one line, exit 130) unless the command installed its own stop handling."""
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    try:
+        yield
+    except HicacheError as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print_error(err, json_output)
+        raise typer.Exit(err.exit_code) from None
+    except KeyboardInterrupt:
+        # A command without a stop-aware loop (or a second Ctrl-C): one line, exit 130, no traceback.
+        from hicache_ops.interrupt import Interrupted
+
+        print_error(Interrupted("interrupted before it finished; nothing more was done."), json_output)
+        raise typer.Exit(130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+@contextmanager
+def native_stderr_to_file(
+    log_dir: str | None, name: str = "mooncake_client.log", *, restore: bool = True
+) -> Iterator[str]:
+    """Send file descriptor 2 to a log file while the block runs, keeping sys.stderr on the terminal.
+
+    Mooncake's client logs through glog straight to fd 2 and ignores GLOG_* variables before its
+    own initialisation; this keeps a command's output readable. Yields the log file's path.
+    Without `log_dir` the file lives in a temporary folder that is removed when the block ends
+    well or is interrupted; when it fails and the log says something, the folder is kept and its
+    path printed (the log explains the failure).
+    `restore=False` leaves fd 2 on the file for the rest of the process (a command that ends
+    right after, whose Mooncake destructors still log at interpreter exit); give it a `log_dir`.
+    """
+    temporary = log_dir is None
+    folder = log_dir or tempfile.mkdtemp(prefix="hicache-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    saved_stream = sys.stderr
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stderr = os.fdopen(os.dup(saved_fd), "w", buffering=1)
+    failed = False
+    try:
+        yield path
+    except Exception:  # an interrupt is not a failure the log would explain
+        failed = True
+        raise
+    finally:
+        if restore:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = saved_stream
+            os.dup2(saved_fd, 2)
+        os.close(saved_fd)
+        if temporary and restore:
+            if failed and os.path.getsize(path):
+                stderr.print(f"[dim]Mooncake's native log: {path}[/]")
+            else:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""`hicache lab up | down | status | fault`: rehearse cross-host incidents in network namespaces (root)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
+from hicache_ops.cli.common.options import JsonOption
+from hicache_ops.cli.common.output import emit, reporting, stdout
+
+app = typer.Typer(
+    cls=HicacheGroup,
+    help="Several hosts on one machine (network namespaces, needs root): rehearse cross-host incidents.",
+    no_args_is_help=True,
+)
+
+RunDirOption = Annotated[
+    str | None,
+    typer.Option(
+        "--run-dir",
+        help="Folder of the lab's state and logs [default: $HICACHE_LAB_DIR, else /run/hicache-lab].",
+        metavar="DIR",
+        show_default=False,
+    ),
+]
+# Not --host: that is serve's bind address; here it names a lab host.
+OnHostOption = Annotated[
+    str | None,
+    typer.Option(
+        "--on", help="The serve host the fault hits (h1, h2, ...) [default: h1].", metavar="HOST", show_default=False
+    ),
+]
+
+
+def _table(data: dict) -> None:
+    """Plain aligned columns (a Rich table would squeeze them on an 80-column pipe)."""
+    header = ("host", "namespace", "address", "process", "pid", "URL", "segment", "faults")
+    lines = [header]
+    for row in data["hosts"]:
+        pid = str(row["pid"]) if row["alive"] else f"{row['pid']} (dead)"
+        lines.append(
+            (
+                row["host"],
+                row["namespace"],
+                row["address"],
+                row["process"],
+                pid,
+                row["url"],
+                row["segment"] or "-",
+                ", ".join(row["faults"]) or "-",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    stdout.print(
+        f"[bold]hicache lab[/] {data['subnet']}  (this host: {data['bridge']['address']} on {data['bridge']['name']})"
+    )
+    for n, line in enumerate(lines):
+        text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+        stdout.print(f"[bold]{text}[/]" if n == 0 else text, markup=n == 0)
+    stdout.print(f"[dim]state and logs: {data['run_dir']}   stop with: hicache lab down[/]")
+
+
+@app.command("up", cls=HicacheCommand, epilog=examples("sudo hicache lab up --hosts 3", "sudo hicache lab up --json"))
+def up(
+    hosts: Annotated[
+        int, typer.Option("--hosts", help="Hosts h0..h(N-1): h0 runs the master, each other one a serve.", metavar="N")
+    ] = 3,
+    run_dir: RunDirOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Create namespaces hicache-h0.., start the master in h0 and a serve in every other host."""
+    with reporting(json_output):
+        from hicache_ops.commands.lab.status import status
+        from hicache_ops.commands.lab.up import up as lab_up
+
+        lab_up(hosts, run_dir)
+        emit(status(run_dir), json_output, _table)
+
+
+@app.command("down", cls=HicacheCommand, epilog=examples("sudo hicache lab down"))
+def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
+    """Stop every process and remove every namespace and link the lab created (idempotent)."""
+    with reporting(json_output):
+        from hicache_ops.commands.lab.down import down as lab_down
+
+        data = lab_down(run_dir)
+
+        def render(d: dict) -> None:
+            stopped = ", ".join(f"{s['host']} pid {s['pid']}" for s in d["stopped"]) or "nothing running"
+            stdout.print(f"stopped: {stopped}; namespaces removed: {', '.join(d['namespaces_removed']) or 'none'}")
+
+        emit(data, json_output, render)
+
+
+@app.command("status", cls=HicacheCommand, epilog=examples("hicache lab status", "hicache lab status --json"))
+def status(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
+    """What runs where: host, namespace, address, process, URL, faults."""
+    with reporting(json_output):
+        from hicache_ops.commands.lab.status import status as lab_status
+
+        emit(lab_status(run_dir), json_output, _table)
+
+
+@app.command(
+    "fault",
+    cls=HicacheCommand,
+    epilog=examples(
+        "sudo hicache lab fault loopback-hostname --on h1",
+        "sudo hicache lab fault slow-link --on h2 --latency-ms 300",
+        "sudo hicache lab fault heal --on h1",
+    ),
+)
+def fault(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="loopback-hostname, host-down, partition, master-restart, slow-link or heal.", metavar="FAULT"
+        ),
+    ],
+    host: OnHostOption = None,
+    latency_ms: Annotated[
+        float, typer.Option("--latency-ms", help="slow-link: extra ms per L3 page read.", metavar="MS")
+    ] = 200.0,
+    run_dir: RunDirOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Inject one cross-host fault (see docs/mooncake.md#several-hosts)."""
+    with reporting(json_output):
+        from hicache_ops.commands.lab.fault import fault as lab_fault
+        from hicache_ops.commands.lab.status import status as lab_status
+
+        data = lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir)
+        data.pop("lab")
+
+        def render(d: dict) -> None:
+            stdout.print(f"[bold]fault {d['name']}[/] on {d['host']}: {d['detail']}")
+            _table(lab_status(run_dir))
+
+        emit(data, json_output, render)

@@ -1,0 +1,185 @@
+"""`hicache te check`: will SGLang's Mooncake store reuse the shared Transfer Engine? (registered on the `te` group)"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hicache_ops.cli.common.help import examples
+from hicache_ops.cli.common.options import (
+    DEPLOYMENT,
+    INPUT,
+    ExtraConfigOption,
+    JsonOption,
+    MooncakeConfigOption,
+    ServerArgsOption,
+    SglangVersionOption,
+    TimeoutOption,
+    TpRankOption,
+)
+
+EXAMPLES = examples(
+    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake "
+    "--disaggregation-ib-device mlx5_0' --env MOONCAKE_DEVICE=mlx5_0",
+    "hicache te check --server-args @launch-flags.txt --config mooncake.json --json",
+    "hicache te check --live --tcp",
+)
+# --master-rpc as everywhere, but not read from $MOONCAKE_MASTER: here that variable belongs to the
+# deployment being evaluated (--env), and --live starts its own master unless one is named.
+LiveMasterRpcOption = Annotated[
+    str | None,
+    typer.Option(
+        "--master-rpc",
+        help="The Mooncake master's RPC address, HOST:RPC_PORT.",
+        metavar="HOST:PORT",
+        show_default=False,
+        rich_help_panel=INPUT,
+    ),
+]
+from hicache_ops.cli.common.output import emit, native_stderr_to_file, reporting, stderr, stdout
+from hicache_ops.cli.common.sglang_url import sglang_url_option
+
+
+def _cell(value: object) -> str:
+    import json
+
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _render(data: dict) -> None:
+    from rich.table import Table
+
+    stdout.print(f"[bold]Shared Transfer Engine reuse[/] (SGLang {data['sglang_version']})")
+    for cond in data["conditions"]:
+        mark = "[green]ok[/]" if cond["ok"] else "[red]NO[/]"
+        stdout.print(
+            f"  {mark}  [bold]{cond['name']}[/]  actual {_cell(cond['actual'])}  expected {_cell(cond['expected'])}",
+        )
+        stdout.print(f"        [dim]why:[/] {cond['why']}")
+    ranks = data["ranks"]
+    if len(ranks) > 1 and len({(_cell(r["store_device_name"]), _cell(r["engine_ib_device"])) for r in ranks}) > 1:
+        per = Table(title="per rank", show_lines=False)
+        for column in ("rank", "store tp rank", "GPU", "store device_name", "engine ib device", "reused"):
+            per.add_column(column)
+        for r in ranks:
+            per.add_row(
+                r["rank"],
+                str(r["store_tp_rank"]),
+                str(r["gpu_id"]),
+                _cell(r["store_device_name"]),
+                _cell(r["engine_ib_device"]),
+                "[green]yes[/]" if r["eligible"] else "[red]no[/]",
+            )
+        stdout.print(per)
+    if data["eligible"]:
+        stdout.print("[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake.")
+    else:
+        stdout.print("[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own.")
+    fix = data["fix"]
+    if fix:
+        stdout.print(f"[bold]fix[/] ({'verified' if fix['verified'] else 'NOT verified'}):")
+        for change in fix["changes"]:
+            stdout.print(f"  - {change['text']}")
+        if fix["alternative"]:
+            stdout.print(f"  [dim]or:[/] {fix['alternative']}")
+        stdout.print(f"[bold]does it matter?[/] {fix['matters']}")
+    live = data.get("live")
+    if live:
+        state = "[green]transfer ok[/]" if live["ok"] else "[red]transfer FAILED[/]"
+        stdout.print(
+            f"[bold]live[/] {state}: master {live['master']}{' (embedded)' if live['embedded_master'] else ''}, "
+            f"engine {live['engine'].get('session')} protocol {live['engine']['protocol']!r}, "
+            f"store hostname {live['store'].get('hostname')} "
+            f"({'the engine passed in' if live.get('uses_shared_engine') else 'NOT the engine passed in'}), "
+            f"{live['seconds']} s",
+        )
+        for t in live.get("transfers", []):
+            stdout.print(f"  {'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s")
+        if live.get("error"):
+            stdout.print(f"  [red]{live['error']}[/]")
+        for note in live.get("notes", []):
+            stderr.print(f"[yellow]note:[/] {note}")
+    for warning in data["warnings"]:
+        stderr.print(f"[yellow]warning:[/] {warning}")
+    for note in data["notes"]:
+        stderr.print(f"[dim]note:[/] {note}")
+
+
+@sglang_url_option("sglang_version", "server_args")
+def check(
+    server_args: ServerArgsOption = None,
+    extra_config: ExtraConfigOption = None,
+    config: MooncakeConfigOption = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="NAME=VALUE of the deployment's environment, over this shell's (repeatable).",
+            metavar="NAME=VALUE",
+            show_default=False,
+            rich_help_panel=DEPLOYMENT,
+        ),
+    ] = None,
+    sglang_version: SglangVersionOption = None,
+    tp_rank: TpRankOption = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live", help="Also prove a transfer through a store client built with engine=te.get_engine() on loopback."
+        ),
+    ] = False,
+    master_rpc: LiveMasterRpcOption = None,
+    tcp: Annotated[
+        bool, typer.Option("--tcp", help="With --live: run engine and store over TCP (for machines without RDMA).")
+    ] = False,
+    timeout: TimeoutOption = 30.0,
+    json_output: JsonOption = False,
+) -> None:
+    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable.
+
+    --server-args defaults to --enable-hierarchical-cache --hicache-storage-backend mooncake;
+    --extra-config applies when the flags carry none. With --live, --master-rpc names a running
+    master (default: an embedded one) and --timeout bounds the whole live test.
+    """
+    with reporting(json_output):
+        from hicache_ops.commands.te.live import live_check
+        from hicache_ops.commands.te.report import check_reuse
+        from hicache_ops.errors import InputError
+        from hicache_ops.sglang.launch import parse_env_overrides
+        from hicache_ops.sglang.versions import default_version, validate_version
+
+        if not live and (master_rpc is not None or tcp):
+            raise InputError("--master-rpc and --tcp only apply with --live.", hint="Add --live, or drop them.")
+        if timeout <= 0:
+            raise InputError(f"--timeout {timeout:g} must be positive.")
+        version = validate_version(sglang_version or default_version())
+        overrides = parse_env_overrides(env)
+        report = check_reuse(
+            version,
+            server_args=server_args,
+            extra_config=extra_config,
+            config_file=config,
+            env_overrides=overrides,
+            tp_rank=tp_rank,
+        )
+        if live:
+            import os
+
+            run_env = dict(os.environ)
+            run_env.update(overrides)
+            # The peer client in this process logs through glog to fd 2: keep it out of the output.
+            with native_stderr_to_file(None, "te_live_mooncake.log"):
+                report.live = live_check(
+                    report, master=master_rpc, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank
+                )
+        data = report.to_json()
+        emit(data, json_output, _render)
+    if not report.eligible or (report.live is not None and not report.live["ok"]):
+        raise typer.Exit(1)

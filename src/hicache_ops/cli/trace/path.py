@@ -1,0 +1,357 @@
+"""`hicache trace write` and `hicache trace read`: one prompt's path, step by step."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from hicache_ops.cli.common.help import examples
+from hicache_ops.cli.common.options import (
+    INPUT,
+    CacheSaltOption,
+    DcpSizeOption,
+    DeviceTokensOption,
+    ExtraBackendTagOption,
+    ExtraKeyOption,
+    HostLayout,
+    JsonOption,
+    LayoutOption,
+    LineOption,
+    ModelNameOption,
+    OptionalServeOption,
+    PageSizeOption,
+    PoolOption,
+    PoolPresetOption,
+    PrefetchThresholdOption,
+    PresetOption,
+    SglangVersionOption,
+    StopPolicy,
+    StopPolicyOption,
+    TextOption,
+    TimeoutOption,
+    TokenizerOption,
+    TokensFileOption,
+    TokensOption,
+    TpSizeOption,
+    WritePolicy,
+    WritePolicyOption,
+    value_of,
+)
+from hicache_ops.cli.common.output import JSON_EXTRAS, native_stderr_to_file, reporting, stderr, stdout
+from hicache_ops.cli.common.sglang_url import sglang_url_option
+from hicache_ops.errors import InputError
+
+_STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
+
+InjectOption = Annotated[
+    str | None,
+    typer.Option(
+        "--inject",
+        help="Reproduce a known failure (embedded only): missing-v, tp-rank-mismatch, salt-mismatch, "
+        "version-mismatch, below-threshold, write-back-no-eviction, prefetch-timeout, corrupted-object, "
+        "missing-dcp-shard, dcp-mismatch, missing-side-object (with --pool/--pool-preset).",
+        metavar="FAULT",
+        show_default=False,
+    ),
+]
+StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
+AllowWritesOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-writes",
+        help="With --serve: run the real path, which changes the serve (prefill, backup, L3 writes, --flush); "
+        "without it the path is only observed.",
+    ),
+]
+
+WRITE_EXAMPLES = examples(
+    "hicache trace write --tokens-file prompt.jsonl",
+    "hicache trace write --tokens-file prompt.jsonl --inject missing-v",
+    "hicache trace write --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --json",
+)
+READ_EXAMPLES = examples(
+    "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush",
+    "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
+    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard --step",
+)
+
+
+def _render_step(step: dict) -> None:
+    status = step["status"]
+    stdout.print(
+        f"[bold]{step['step']:>2}. {step['name']}[/]  [{_STYLE.get(status, '')}]{status}[/]  "
+        f"{step['summary']}  [dim]({step['elapsed_ms']:.1f} ms)[/]",
+    )
+    if step.get("invariant"):
+        stdout.print(f"      [dim]checks:[/] {step['invariant']}")
+    if step.get("state"):
+        stdout.print(f"      [dim]state:[/]  {step['state']}")
+    pages = (step.get("detail") or {}).get("dcp_pages", [])
+    for page in pages[:_DCP_PAGES_SHOWN]:
+        for shard in page["shards"]:
+            positions = shard["token_positions"]
+            stdout.print(
+                f"      page {page['page']}  DCP rank {shard['dcp_rank']}: tokens {_span(positions)} "
+                f"-> {shard['object_key']}",
+                soft_wrap=True,
+            )
+    if len(pages) > _DCP_PAGES_SHOWN:
+        stdout.print(f"      [dim]... {len(pages) - _DCP_PAGES_SHOWN} more page(s) in --json[/]")
+    for cause in step.get("causes", []):
+        stdout.print(f"      [yellow]-[/] {cause}")
+
+
+_DCP_PAGES_SHOWN = 2
+
+
+def _span(positions: list[int]) -> str:
+    """Prompt positions of a shard's tokens: `16,18,..,30` (every dcp-th one)."""
+    if len(positions) <= 3:
+        return ",".join(map(str, positions))
+    return f"{positions[0]},{positions[1]},..,{positions[-1]}"
+
+
+def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
+    if json_output:
+        record = {k: step[k] for k in ("step", "name", "status", "detail", "elapsed_ms")}
+        record.update(summary=step["summary"], causes=step["causes"])
+        record.update(JSON_EXTRAS.get())  # --sglang-url's fields, on the first record only
+        JSON_EXTRAS.set({})
+        sys.stdout.write(json.dumps(record, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        _render_step(step)
+    if interactive and step["status"] not in ("FAIL",):
+        stderr.print("[dim]Enter for the next step...[/]", end="")
+        sys.stdin.readline()
+
+
+def _trace(
+    kind: str,
+    prompt_args: dict,
+    engine_args: dict,
+    extra_key,
+    cache_salt,
+    inject,
+    serve_url,
+    flush,
+    step,
+    json_output,
+    timeout: float,
+    engine_flags_given: list[str],
+    allow_writes: bool,
+) -> None:
+    with reporting(json_output):
+        from hicache_ops.server.client import check_timeout
+        from hicache_ops.tokens import load_prompt
+
+        check_timeout(timeout)
+        prompt = load_prompt(**prompt_args)
+        extra_key = extra_key if extra_key is not None else prompt.extra_key
+        cache_salt = cache_salt if cache_salt is not None else prompt.cache_salt
+        if serve_url is not None:
+            if inject is not None:
+                raise InputError("--inject works with the embedded engine only, not with --serve.")
+            if engine_flags_given:
+                raise InputError(
+                    f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
+                    hint="Drop them, or trace without --serve.",
+                )
+            if flush and not allow_writes:
+                raise InputError(
+                    "--flush drops the serve's L1 and L2: that changes the serve; pass --allow-writes if you mean it.",
+                    hint="Without --allow-writes a trace on a serve observes the path and changes nothing.",
+                )
+            from hicache_ops import interrupt
+            from hicache_ops.commands.trace.run import check_traceable
+            from hicache_ops.server.client import ServeClient
+
+            with ServeClient.open(serve_url, timeout_s=timeout) as client:
+                check_traceable(prompt.input_ids, client.stats()["config"]["page_size"])
+                with interrupt.stop_on_signals(), interrupt.cancellable():
+                    run = client.trace(
+                        kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes
+                    )
+            for s in run["steps"]:
+                _emit_step(s, json_output, step)
+        else:
+            if flush:
+                raise InputError("--flush applies to --serve; the embedded engine starts empty.")
+            if allow_writes:
+                raise InputError(
+                    "--allow-writes applies to --serve; the embedded engine is a scratch instance of its own."
+                )
+            from hicache_ops.commands.trace.run import check_fault, run_embedded
+
+            check_fault(kind, inject)
+            spec = _spec(**engine_args)
+            with native_stderr_to_file(None, "trace_mooncake.log"):
+                run = run_embedded(
+                    kind,
+                    prompt.input_ids,
+                    spec,
+                    extra_key=extra_key,
+                    cache_salt=cache_salt,
+                    inject=inject,
+                    on_step=lambda s: _emit_step(s.to_json(), json_output, step),
+                ).to_json()
+        failed = run["failed_step"]
+        if failed is not None:
+            if not json_output:
+                stdout.print(f"\n[bold red]The {kind} path stops at step {failed['step']} ({failed['name']}).[/]")
+            raise typer.Exit(1)
+        if not json_output:
+            stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]")
+
+
+def _spec(
+    preset,
+    page_size,
+    device_tokens,
+    tp_size,
+    sglang_version,
+    model_name,
+    extra_backend_tag,
+    write_policy,
+    stop_policy,
+    prefetch_threshold,
+    layout,
+    dcp_size=1,
+    pool=None,
+    pool_preset=None,
+):
+    from hicache_ops.engine.builder import EngineSpec
+    from hicache_ops.sglang.geometry import preset as load_preset
+    from hicache_ops.sglang.side_pool_specs import side_pools_for
+    from hicache_ops.sglang.versions import default_version, validate_version
+
+    geometry = load_preset(preset)
+    version = validate_version(sglang_version or default_version())
+    spec = EngineSpec(
+        geometry=geometry,
+        page_size=page_size,
+        device_tokens=device_tokens,
+        tp_size=tp_size,
+        sglang_version=version,
+        model_name=model_name,
+        extra_backend_tag=extra_backend_tag,
+        write_policy=write_policy,
+        stop_policy=stop_policy,
+        prefetch_threshold=prefetch_threshold,
+        layout=layout,
+        dcp_size=dcp_size,
+        side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
+    )
+    spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
+    return spec
+
+
+def _command(kind: str):
+    def command(
+        ctx: typer.Context,
+        tokens: TokensOption = None,
+        tokens_file: TokensFileOption = None,
+        line: LineOption = None,
+        text: TextOption = None,
+        tokenizer: TokenizerOption = None,
+        extra_key: ExtraKeyOption = None,
+        cache_salt: CacheSaltOption = None,
+        serve: OptionalServeOption = None,
+        flush: Annotated[
+            bool, typer.Option("--flush", help="With --serve: flush L1/L2 first.", rich_help_panel=INPUT)
+        ] = False,
+        inject: InjectOption = None,
+        step: StepOption = False,
+        allow_writes: AllowWritesOption = False,
+        page_size: PageSizeOption = 16,
+        preset: PresetOption = "tiny",
+        device_tokens: DeviceTokensOption = 4096,
+        tp_size: TpSizeOption = 1,
+        dcp_size: DcpSizeOption = 1,
+        sglang_version: SglangVersionOption = None,
+        model_name: ModelNameOption = "hicache/tiny",
+        extra_backend_tag: ExtraBackendTagOption = None,
+        write_policy: WritePolicyOption = WritePolicy.write_through,
+        stop_policy: StopPolicyOption = StopPolicy.timeout,
+        prefetch_threshold: PrefetchThresholdOption = 256,
+        layout: LayoutOption = HostLayout.page_first,
+        pool: PoolOption = None,
+        pool_preset: PoolPresetOption = None,
+        timeout: TimeoutOption = 3.0,
+        json_output: JsonOption = False,
+    ) -> None:
+        engine_flags = {
+            "page_size": "--page-size",
+            "preset": "--preset",
+            "device_tokens": "--device-tokens",
+            "tp_size": "--tp-size",
+            "dcp_size": "--dcp-size",
+            "sglang_version": "--sglang-version",
+            "model_name": "--model-name",
+            "extra_backend_tag": "--extra-backend-tag",
+            "write_policy": "--hicache-write-policy",
+            "stop_policy": "--hicache-storage-prefetch-policy",
+            "prefetch_threshold": "--prefetch-threshold",
+            "layout": "--hicache-mem-layout",
+            "pool": "--pool",
+            "pool_preset": "--pool-preset",
+        }
+        given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
+        _trace(
+            kind,
+            dict(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer),
+            dict(
+                preset=preset,
+                page_size=page_size,
+                device_tokens=device_tokens,
+                tp_size=tp_size,
+                sglang_version=value_of(sglang_version),
+                model_name=model_name,
+                extra_backend_tag=extra_backend_tag,
+                write_policy=write_policy.value,
+                stop_policy=stop_policy.value,
+                prefetch_threshold=prefetch_threshold,
+                layout=layout.value,
+                dcp_size=dcp_size,
+                pool=pool,
+                pool_preset=pool_preset,
+            ),
+            extra_key,
+            cache_salt,
+            inject,
+            serve,
+            flush,
+            step,
+            json_output,
+            timeout,
+            given,
+            allow_writes,
+        )
+
+    command.__doc__ = (
+        {
+            "write": "Trace a prompt from device slots to verified Mooncake objects, step by step.",
+            "read": "Trace a prompt from the local match through L3 to verified device bytes, step by step.",
+        }[kind]
+        + "\n\nWithout --serve the trace runs on an embedded engine (with its own loopback master) built from the deployment options."
+    )
+    return command
+
+
+write = _command("write")
+# The embedded engine reproduces the server's key path and policies (its geometry stays --preset).
+read = sglang_url_option(
+    "sglang_version",
+    "page_size",
+    "tp_size",
+    "dcp_size",
+    "model_name",
+    "extra_backend_tag",
+    "write_policy",
+    "prefetch_threshold",
+    "layout",
+    prefetch_policy="stop_policy",
+)(_command("read"))

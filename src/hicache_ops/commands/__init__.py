@@ -1,0 +1,1 @@
+"""The command library: one package or module per hicache command group; cli/ renders them."""

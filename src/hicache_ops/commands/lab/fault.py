@@ -1,0 +1,112 @@
+"""`hicache lab fault NAME [--on hK]`: the cross-host failures on-call engineers meet, reproduced.
+
+loopback-hostname  hK's serve restarted with MOONCAKE_LOCAL_HOSTNAME=127.0.0.1: the master lists
+                   its objects, no other host can read them (they dial their own loopback)
+host-down          hK's serve killed (SIGKILL): its segment and objects leave the master once the
+                   client TTL runs out
+partition          hK loses the master but not its peers: a blackhole route to the master's
+                   address inside hK (no firewall is needed; peers stay reachable)
+master-restart     the master killed and started again on the same address: every object is
+                   gone, clients re-mount their segments by themselves
+slow-link          hK's serve restarted with --inject-l3-latency-ms (this kernel has no netem)
+heal               hK back to normal: route removed, serve (re)started advertising its own address
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from hicache_ops.commands.lab import processes, state, topology
+from hicache_ops.commands.lab.status import serve_segment
+from hicache_ops.commands.lab.up import spawn_serve, start_master, wait_serve
+from hicache_ops.errors import HicacheError, InputError
+
+FAULTS = ("loopback-hostname", "host-down", "partition", "master-restart", "slow-link", "heal")
+DEFAULT_SLOW_MS = 200.0
+# A serve that could not unmount (it had lost the master) leaves its segment listed for the
+# master's client TTL, about 10 s (docs/mooncake.md#segments-and-ttl); puts placed there fail.
+OLD_SEGMENT_WAIT_S = 30.0
+
+
+def _serve_index(lab: dict, host: str | None) -> int:
+    serves = [h["index"] for h in lab["hosts"] if h["role"] == "serve"]
+    if host is None:
+        return serves[0]
+    name = host.removeprefix(topology.PREFIX + "-")
+    if not (name.startswith("h") and name[1:].isdigit()) or int(name[1:]) not in serves:
+        raise InputError(
+            f"--host {host!r} is not a serve host of this lab.",
+            hint=f"Pick one of {', '.join(f'h{i}' for i in serves)} (h0 runs the master).",
+        )
+    return int(name[1:])
+
+
+def _restart_serve(folder, lab: dict, index: int, **kwargs) -> None:
+    """Restart hK's serve; return once the master no longer lists the old serve's segment, so the
+    next puts are not placed on a segment nobody serves."""
+    old_segment = serve_segment(lab["hosts"][index])
+    processes.stop(lab["hosts"][index].get("process"))
+    spawn_serve(folder, lab, index, **kwargs)
+    wait_serve(lab, index)
+    if old_segment is not None and old_segment != serve_segment(lab["hosts"][index]):
+        _wait_segment_gone(lab, old_segment)
+
+
+def _wait_segment_gone(lab: dict, segment: str) -> None:
+    from hicache_ops.mooncake.admin import AdminClient
+
+    deadline = time.monotonic() + OLD_SEGMENT_WAIT_S
+    try:
+        with AdminClient(lab["master"]["metrics"]) as admin:
+            while segment in admin.get_all_segments() and time.monotonic() < deadline:
+                time.sleep(0.2)
+    except HicacheError:  # the master not answering is the fault under test, not ours to report
+        pass
+
+
+def fault(
+    name: str, host: str | None = None, *, latency_ms: float = DEFAULT_SLOW_MS, run_dir: str | os.PathLike | None = None
+) -> dict:
+    if name not in FAULTS:
+        raise InputError(f"no fault named {name!r}.", hint=f"Known faults: {', '.join(FAULTS)}.")
+    topology.require_namespaces()
+    folder = state.run_dir(run_dir)
+    lab = state.load(folder)
+    if lab is None:
+        raise InputError(f"no lab is up (no state in {folder}).", hint="Start one with `hicache lab up --hosts 3`.")
+    master = lab["hosts"][0]
+    index = None if name == "master-restart" else _serve_index(lab, host)
+    target = lab["hosts"][index] if index is not None else master
+    entry = {"name": name, "host": f"h{target['index']}"}
+    if name == "loopback-hostname":
+        _restart_serve(folder, lab, index, advertise="127.0.0.1")
+        entry["detail"] = (
+            f"h{index}'s serve advertises 127.0.0.1 (MOONCAKE_LOCAL_HOSTNAME) instead of {target['address']}"
+        )
+    elif name == "host-down":
+        processes.stop(target.get("process"), grace=0)
+        entry["detail"] = (
+            f"h{index}'s serve (pid {target['process']['pid']}) killed; its objects leave the master after the client TTL"
+        )
+    elif name == "partition":
+        topology.ip("-n", target["namespace"], "route", "replace", "blackhole", f"{master['address']}/32")
+        entry["detail"] = f"h{index} drops every packet to the master {master['address']}; its peers stay reachable"
+    elif name == "master-restart":
+        processes.stop(master.get("process"), grace=0)
+        start_master(folder, lab)
+        entry["detail"] = "the master was killed and started again: every object is gone until clients write again"
+    elif name == "slow-link":
+        if latency_ms <= 0:
+            raise InputError(f"--latency-ms {latency_ms:g} must be > 0.")
+        _restart_serve(folder, lab, index, extra_args=["--inject-l3-latency-ms", f"{latency_ms:g}"])
+        entry["detail"] = f"h{index}'s serve adds {latency_ms:g} ms to every L3 page read"
+    else:  # heal
+        topology.ip("-n", target["namespace"], "route", "delete", "blackhole", f"{master['address']}/32", check=False)
+        _restart_serve(folder, lab, index)
+        lab["faults"] = [f for f in lab["faults"] if f["host"] != entry["host"]]
+        entry["detail"] = f"h{index} restored: no blackhole route, serve advertising {target['address']}"
+    if name not in ("heal", "master-restart"):  # a restart is an event, not a state to heal
+        lab["faults"].append(entry)
+    state.save(folder, lab)
+    return {**entry, "lab": lab}

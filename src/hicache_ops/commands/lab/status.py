@@ -1,0 +1,65 @@
+"""`hicache lab status`: what runs where, and whether each process is still alive."""
+
+from __future__ import annotations
+
+import os
+
+from hicache_ops.commands.lab import processes, state, topology
+from hicache_ops.errors import InputError
+
+
+def serve_segment(host: dict) -> str | None:
+    """The Mooncake segment a serve mounted, as the master lists it (None if it does not answer)."""
+    if not host.get("url"):
+        return None
+    from hicache_ops.errors import HicacheError
+    from hicache_ops.server.client import ServeClient
+
+    try:
+        with ServeClient(host["url"], timeout_s=2.0) as client:
+            return client.stats()["config"].get("segment")
+    except HicacheError:
+        return None
+
+
+def rows(lab: dict) -> list[dict]:
+    """One row per host: host, namespace, address, process (name, PID, alive), URL, faults."""
+    out = []
+    for host in lab["hosts"]:
+        record = host.get("process") or {}
+        name = "mooncake_master" if host["role"] == "master" else "hicache serve"
+        url = host.get("url") or f"rpc {lab['master']['rpc']}, http {lab['master']['metrics']}"
+        out.append(
+            {
+                "host": f"h{host['index']}",
+                "namespace": host["namespace"],
+                "address": host["address"],
+                "process": name,
+                "pid": record.get("pid"),
+                "alive": processes.alive(record),
+                "url": url,
+                "advertises": host.get("advertised"),
+                "segment": serve_segment(host) if processes.alive(record) else None,
+                "faults": [f["name"] for f in lab.get("faults", []) if f.get("host") in (f"h{host['index']}", None)],
+            }
+        )
+    return out
+
+
+def status(run_dir: str | os.PathLike | None = None) -> dict:
+    folder = state.run_dir(run_dir)
+    lab = state.load(folder)
+    if lab is None:
+        raise InputError(f"no lab is up (no state in {folder}).", hint="Start one with `hicache lab up --hosts 3`.")
+    present = set(topology.existing_namespaces())
+    table = rows(lab)
+    for row in table:
+        row["namespace_present"] = row["namespace"] in present
+    return {
+        "run_dir": str(folder),
+        "subnet": lab["subnet"],
+        "bridge": lab["bridge"],
+        "master": lab["master"],
+        "hosts": table,
+        "faults": lab.get("faults", []),
+    }

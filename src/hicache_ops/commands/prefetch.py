@@ -1,0 +1,117 @@
+"""`hicache prefetch`: ask a serve instance to pull prompts from L3 into its host pool, and say
+per prompt what came back, how long it took, and what each stop policy would have made of it.
+
+A stop request (Ctrl-C, SIGTERM; hicache_ops/interrupt.py) abandons the prompt in flight (not
+reported) and returns the rows done so far, marked interrupted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hicache_ops import interrupt
+from hicache_ops.server.side_pools import check_side_pools
+from hicache_ops.sglang import policy as pol
+from hicache_ops.tokens import Prompt
+
+
+@dataclass
+class PrefetchRow:
+    index: int
+    source: str
+    tokens: int
+    local_tokens: int  # already on device or host: not fetched
+    considered_tokens: int
+    hit_pages: int
+    fetched_pages: int
+    bytes: int
+    seconds: float
+    budget_s: float
+    verified: bool  # pages were inserted and their bytes matched; False when none were
+    reason: str
+    size_mismatched_objects: int = 0  # objects of another deployment's byte count under these keys
+    policies: dict = field(default_factory=dict)  # policy -> {"deadline_s", "cut"}
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PrefetchReport:
+    config: dict  # the serve's
+    rows: list[PrefetchRow]
+    interrupted: str | None = None  # the signal that stopped it, if one did
+
+
+def prefetch_prompts(
+    prompts: Sequence[Prompt],
+    client,
+    *,
+    extra_key: str | None = None,
+    cache_salt: str | None = None,
+    on_progress: Callable[[PrefetchRow], None] | None = None,
+    pool_texts: Sequence[str] = (),
+    pool_preset: str | None = None,
+) -> PrefetchReport:
+    """Prefetch each prompt on the serve instance, one row per prompt done. `pool_texts` /
+    `pool_preset` must name the serve's side pools (it reads them with the KV)."""
+    config = client.stats()["config"]
+    check_side_pools(config, pool_texts, pool_preset)
+    admission = config["admission_s"]
+    report = PrefetchReport(config, [])
+    rows = report.rows
+    for i, prompt in enumerate(prompts):
+        if interrupt.requested():
+            break
+        ek = extra_key if extra_key is not None else prompt.extra_key
+        cs = cache_salt if cache_salt is not None else prompt.cache_salt
+        try:
+            with interrupt.cancellable():
+                r = client.prefetch(prompt.input_ids, ek, cs)
+        except interrupt.Interrupted:
+            break
+        info = r["prefetch"]
+        elapsed = info["elapsed_s"]
+        budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(
+            config["sglang_version"],
+            requested_tokens=info["considered_tokens"],
+            hit_tokens=info["hit_pages"] * config["page_size"],
+        )
+        row = PrefetchRow(
+            index=i,
+            source=prompt.source or f"prompt {i + 1}",
+            tokens=r["prompt_tokens"],
+            local_tokens=r["device_hit"] + r["host_hit"],
+            considered_tokens=info["considered_tokens"],
+            hit_pages=info["hit_pages"],
+            fetched_pages=info["completed_pages"],
+            bytes=info["bytes"],
+            seconds=r["timings_ms"].get("prefetch", 0.0) / 1e3,
+            budget_s=budget,
+            verified=r["mismatched_pages"] == 0 and not info["size_mismatched_objects"],
+            reason=info["reason"],
+            size_mismatched_objects=info["size_mismatched_objects"],
+        )
+        if row.size_mismatched_objects:
+            row.reason = (
+                f"{row.size_mismatched_objects} object(s) read with another deployment's byte count (dtype, heads "
+                f"or page size differ under the same keys)" + (f"; {row.reason}" if row.reason else "")
+            )
+        if info["hit_pages"] and not info["completed_pages"]:
+            # The stop policy cut it to nothing: no page was inserted, so nothing was verified.
+            row.bytes, row.verified = 0, False
+            row.reason = f"cut to zero pages: {row.reason or config['stop_policy']}; {info['hit_pages']} page(s) in L3, none inserted"
+        if info["hit_pages"]:
+            for policy in pol.STOP_POLICIES:
+                deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])
+                # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
+                row.policies[policy] = {
+                    "deadline_s": None if deadline == float("inf") else deadline,
+                    "cut": elapsed > deadline,
+                }
+        rows.append(row)
+        if on_progress:
+            on_progress(row)
+    if interrupt.requested():
+        report.interrupted = interrupt.reason()
+    return report

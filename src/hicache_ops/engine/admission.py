@@ -1,0 +1,152 @@
+"""A request's steps under the concurrency model (scheduler.py), between its arrival and finish.
+
+It arrives: it joins the waiting queue and its prefetch is considered, as SGLang does when it
+queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit). While
+it waits, 0.5.23 re-issues a parked prefetch, or one whose local match shrank. It is admitted when
+the device can hold it next to what running requests hold and still write (its prefetch lands and
+its prompt is prefilled), and its finish inserts prompt and output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hicache_ops.engine.l3_prefetch import IssuedPrefetch
+from hicache_ops.engine.results import PrefillResult
+from hicache_ops.engine.tree import Node
+from hicache_ops.errors import InputError
+from hicache_ops.sglang import policy as pol
+from hicache_ops.sglang.page_keys import as_token_array
+
+
+@dataclass(eq=False)
+class Arrival:
+    """A request queued by the concurrency model (scheduler.py), between arrival and finish."""
+
+    prompt: np.ndarray
+    output: np.ndarray
+    n_pages: int
+    keys: tuple[list[str], list[str]]
+    result: PrefillResult
+    decode_passes: int
+    prefetch: IssuedPrefetch | None = None
+    rate_limited: bool = False
+    retries: int = 0
+    parked_at: int = 0  # the scheduler pass its prefetch was refused at
+    anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
+    matched_pages: int = 0  # its local match when its prefetch was last considered
+    held: list[Node] = field(default_factory=list)
+
+
+class Admission:
+    """TieredCache's concurrency-model steps (a mixin: it uses the cache's config, tree, device and
+    host pools, lock, in-flight and reserved counts, the prefetch issue of prefetch.py, and the
+    cache's own prefill and finish)."""
+
+    def arrive(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> Arrival:
+        """A request joins the waiting queue: its prefetch is considered now, as SGLang does when it
+        queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit)."""
+        arr, n_pages = self._check_prompt(prompt)
+        out = as_token_array(output, self.config.sglang_version)
+        if out.size == 0:
+            raise InputError("a request generates at least one token.")
+        ps = self.config.page_size
+        result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
+        arrival = Arrival(
+            arr, out, n_pages, self.keys_for(arr, extra_key, cache_salt), result, decode_passes=int(out.size)
+        )
+        with self.lock:
+            self._queue_prefetch(arrival, 0)
+        return arrival
+
+    def _queue_prefetch(self, arrival: Arrival, pass_no: int) -> None:
+        if self.l3 is None:
+            return
+        tree_keys, storage_keys = arrival.keys
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        _, pos, anchor = self.tree.local_match(tree_keys[:cap])
+        arrival.matched_pages = pos
+        if pos >= cap:
+            return
+        info = arrival.result.prefetch
+        arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info)
+        if arrival.prefetch is not None and anchor is not None:
+            # The anchor's host copy is pinned until admission (SGLang's protect_host): host
+            # eviction then cannot shorten the match the prefetched pages attach to.
+            self.tree.pin_host([anchor], 1)
+            arrival.anchor = anchor
+        arrival.rate_limited = info.rate_limited and pol.retries_rate_limited(self.config.sglang_version)
+        info.rate_limited = False
+        arrival.parked_at = pass_no
+
+    def retry_prefetch(self, arrival: Arrival, pass_no: int) -> bool:
+        """0.5.23 re-issues a parked prefetch of a request still waiting; True when it went out."""
+        arrival.retries += 1
+        with self.lock:
+            self._queue_prefetch(arrival, pass_no)
+        return arrival.prefetch is not None
+
+    def requery_after_match_loss(self, arrival: Arrival, pass_no: int) -> bool:
+        """0.5.23: a waiting request whose local match shrank since its prefetch was considered
+        (other requests' allocations evicted its pages) re-issues its prefetch from the shorter
+        match instead of being admitted on this pass, within the retry budget. True: re-issued."""
+        version = self.config.sglang_version
+        if self.l3 is None or not pol.retries_rate_limited(version) or arrival.retries >= pol.RETRY_MAX_ATTEMPTS:
+            return False
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        with self.lock:
+            _, now, _ = self.tree.local_match(arrival.keys[0][:cap])
+            if now >= arrival.matched_pages:
+                return False
+            hold, arrival.prefetch = arrival.prefetch, None
+            if hold is not None:
+                self.in_flight_tokens -= hold.requested_tokens
+                self.host.give_many(hold.host_pages)
+            if arrival.anchor is not None:
+                self.tree.pin_host([arrival.anchor], -1)
+                arrival.anchor = None
+            arrival.retries += 1
+            self._queue_prefetch(arrival, pass_no)
+        return True
+
+    def _output_pages(self, arrival: Arrival) -> int:
+        return -(-int(arrival.output.size) // self.config.page_size) + 1
+
+    def admission_pages(self, arrival: Arrival) -> int:
+        """Device pages the request takes out of the free and evictable ones when admitted: its
+        prompt past what running requests already lock, and its output (SGLang reserves the
+        decode's tokens at admission)."""
+        ps = self.config.page_size
+        shared = self.tree.locked_prefix_pages(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
+        return arrival.n_pages - shared + self._output_pages(arrival)
+
+    def can_admit(self, arrival: Arrival) -> bool:
+        """Room next to what running requests hold and the output they have yet to write."""
+        room = self.device.capacity - self.tree.protected_pages - self.reserved_pages
+        return self.admission_pages(arrival) <= room
+
+    def admit(self, arrival: Arrival) -> None:
+        """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
+        until `finish`."""
+        with self.lock:
+            _, arrival.held, _, _ = self._prefill(
+                arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival
+            )
+            self.reserved_pages += self._output_pages(arrival)
+
+    def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
+        with self.lock:
+            self.reserved_pages -= self._output_pages(arrival)
+            try:
+                self._finish(
+                    np.concatenate([arrival.prompt, arrival.output[:-1]]),
+                    arrival.keys,
+                    extra_key,
+                    cache_salt,
+                    arrival.result,
+                )
+            finally:
+                self.tree.unlock(arrival.held)
+                arrival.held = []

@@ -1,0 +1,230 @@
+"""The L3 prefetch: L3 -> L2 for the span a request's device and host match leaves.
+
+Issue (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit,
+#prefetch-host-allocation): the threshold, the in-flight limit, host allocation and the storage
+query decide per version whether the read starts and for how many pages. Land (#stop-policies):
+when the request is admitted, the stop policy decides how many arrived pages count; they join the
+tree as host nodes. `prefetch()` is the operation alone: pull a prompt's pages into host memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hicache_ops.engine.planes import ReadOutcome
+from hicache_ops.engine.results import PrefetchInfo, PrefillResult
+from hicache_ops.engine.tree import Node, page_views
+from hicache_ops.errors import InputError
+from hicache_ops.sglang import policy as pol
+from hicache_ops.sglang.page_keys import as_token_array
+
+
+@dataclass
+class IssuedPrefetch:
+    """An issued prefetch, holding its host pages until the request's admission lands it."""
+
+    pos: int  # the first page it reads
+    requested_tokens: int
+    host_pages: list[int]
+    outcome: ReadOutcome
+
+
+class L3Prefetch:
+    """TieredCache's L3 prefetch (a mixin: it uses the cache's config, tree, host pool and its
+    allocation, L3 tier, stats, in-flight count and observer)."""
+
+    def _fetch_to_host(self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result) -> list[Node]:
+        """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
+        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch)
+        if hold is None:
+            return []
+        return self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
+
+    def _issue_prefetch(self, storage_keys, pos: int, end: int, info: PrefetchInfo) -> IssuedPrefetch | None:
+        """Consider pages pos..end as SGLang does when it queues a request: threshold, in-flight
+        limit, host allocation and storage query per version; the read starts. None: not issued
+        (`info.reason` says why, naming the rule and version)."""
+        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        info.considered_tokens = info.requested_tokens = (end - pos) * ps
+        info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
+        info.reason = ""
+        threshold_pages = -(-info.threshold // ps)
+        limit = pol.prefetch_limit_tokens(version, self.host.capacity * ps, cfg.device_pages * ps)
+        if info.considered_tokens < info.threshold:
+            info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
+        elif not cfg.enable_l2:
+            info.reason = "no host pool: L3 reads stage through L2"
+        elif self.in_flight_tokens >= limit:
+            info.reason = pol.rate_limited_verdict(version, self.in_flight_tokens, limit)
+            info.rate_limited = True
+            self.stats.prefetches_rate_limited += 1
+        self._emit(
+            "prefetch_decision",
+            info=info,
+            first_page=pos,
+            capacity_tokens=limit,
+            capacity_rule=pol.prefetch_limit_rule(version),
+            host_free_pages=self.host.free,
+        )
+        if info.reason:
+            return None
+        host_pages: list[int] | None = None
+        span = end - pos
+        if not pol.allocates_host_at_hit(version):
+            # 0.5.14 takes host pages for the whole span when it issues (evicting host nodes).
+            host_pages = self._alloc_host(span, at_least=threshold_pages, prefetch=True)
+            if host_pages is None:
+                info.reason = (
+                    f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
+                    "(0.5.14 allocates the requested span when it issues)"
+                )
+                return None
+            span = len(host_pages)
+        found = self.l3.lookup(storage_keys[pos : pos + span])
+        info.rank_hits = found.rank_pages
+        self._emit(
+            "storage_query",
+            info=info,
+            storage_keys=storage_keys[pos : pos + span],
+            schemes=self.l3.schemes,
+            lookup=found,
+        )
+        hit = found.pages
+        info.hit_pages = hit
+        if hit * ps < info.threshold:
+            if host_pages:
+                self.host.give_many(host_pages)
+            if hit:
+                self.stats.prefetches_revoked += 1
+            info.reason = (
+                f"revoked: the minimum storage hit over ranks is {hit * ps} tokens, below {info.threshold}"
+                if hit
+                else "no page of the suffix is in L3"
+            )
+            return None
+        if host_pages is None:
+            # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
+            host_pages = self._alloc_host(hit, at_least=threshold_pages, prefetch=True)
+            if host_pages is None:
+                info.reason = (
+                    f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "
+                    f"(0.5.23 parks the prefetch for a retry)"
+                )
+                return None
+        else:
+            self.host.give_many(host_pages[hit:])
+        host_pages = host_pages[:hit]
+        hit = len(host_pages)
+        info.allocated_pages = hit
+        info.issued = True
+        self.stats.prefetches_issued += 1
+        self.in_flight_tokens += info.requested_tokens
+        outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
+        self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
+        info.bytes = outcome.nbytes
+        info.size_mismatched_objects = len(outcome.size_mismatches)
+        self.stats.bytes_l3_read += outcome.nbytes
+        self.stats.l3_side_objects_read += outcome.side_objects
+        self.stats.size_mismatched_objects += len(outcome.size_mismatches)
+        return IssuedPrefetch(pos, info.requested_tokens, host_pages, outcome)
+
+    def _land_prefetch(self, hold: IssuedPrefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
+        """The request's admission ends its prefetch: the stop policy decides how many pages count,
+        they join the tree as host nodes below `anchor`, and the request leaves the in-flight count."""
+        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        info, outcome, host_pages, pos = result.prefetch, hold.outcome, hold.host_pages, hold.pos
+        self.in_flight_tokens -= hold.requested_tokens
+        hit = len(host_pages)
+        result.bytes_read_from_l3 += outcome.nbytes
+        info.budget_s = cfg.timeout_budget.seconds(version, requested_tokens=info.requested_tokens, hit_tokens=hit * ps)
+        info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
+        done, deadline = 0, info.deadline_s
+        while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
+            done += 1
+        info.elapsed_s = max(outcome.done_at) if outcome.done_at else 0.0
+        info.timeout_would_cut = info.elapsed_s > pol.stop_deadline("timeout", info.budget_s, cfg.admission_s, version)
+        info.completed_pages = done
+        if done < hit:
+            info.reason = (
+                f"page {pos + done} could not be read from L3"
+                if not outcome.ok[done]
+                else f"{cfg.stop_policy} stopped waiting after {info.deadline_s:.3f}s with {done} of {hit} pages"
+            )
+        self.host.give_many(host_pages[done:])
+        verified = outcome.verified[:done]
+        info.mismatched_pages = len(verified) - sum(map(bool, verified))
+        self._counted_mismatches.update(key for key, ok in zip(storage_keys[pos : pos + done], verified) if not ok)
+        result.mismatched_pages += info.mismatched_pages
+        self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
+        if not done:
+            return []
+        nodes, unused = self.tree.insert_host(anchor, tree_keys, storage_keys, pos, host_pages[:done])
+        self.host.give_many(unused)
+        if self._observer is not None:
+            self._emit("insert", nodes=page_views(nodes))
+        return nodes
+
+    def prefetch(
+        self,
+        tokens,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        observer: Callable[[str, dict], None] | None = None,
+    ) -> PrefillResult:
+        """Pull a prompt's pages from L3 into the host pool only (no device load, no compute).
+
+        The result's breakdown counts pages already on device or host as hits, fetched pages as
+        storage hits and the rest as not cached (`computed` stays 0: nothing was prefilled).
+        """
+        arr = as_token_array(tokens, self.config.sglang_version)
+        if arr.size == 0:
+            raise InputError("the prompt is empty; send at least one token.")
+        if self.l3 is None:
+            raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
+        with self.lock:
+            self._observer = observer
+            try:
+                return self._prefetch_only(arr, extra_key, cache_salt)
+            finally:
+                self._observer = None
+
+    def _prefetch_only(self, arr, extra_key, cache_salt) -> PrefillResult:
+        ps, tree = self.config.page_size, self.tree
+        n_pages = arr.size // ps
+        self._request_device_evicted = self._request_host_evicted = 0
+        result = PrefillResult(prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps))
+        tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+        cap = pol.match_cap_pages(int(arr.size), ps)
+        path = tree.match(tree_keys[:cap])
+        on_device = [n for n in path if n.device is not None]
+        off_device = [n for n in path if n.device is None]
+        if self._observer is not None:
+            self._emit(
+                "match",
+                tree_keys=tree_keys,
+                storage_keys=storage_keys,
+                device_nodes=page_views(on_device),
+                host_nodes=page_views(off_device),
+                extra_key=extra_key,
+                cache_salt=cache_salt,
+            )
+        result.device_hit = sum(len(n.keys) for n in on_device) * ps
+        result.host_hit = sum(len(n.keys) for n in off_device) * ps
+        held = [path[-1]] if path else []
+        tree.lock(held)
+        t = time.perf_counter()
+        try:
+            pos = sum(len(n.keys) for n in path)
+            anchor = path[-1] if path else tree.root
+            nodes = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result) if pos < cap else []
+        finally:
+            tree.unlock(held)
+        result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3
+        result.storage_hit = sum(len(n.keys) for n in nodes) * ps
+        result.host_evicted_pages = self._request_host_evicted
+        self.stats.storage_hit += result.storage_hit
+        self.stats.mismatched_pages += result.mismatched_pages
+        return result

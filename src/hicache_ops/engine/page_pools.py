@@ -1,0 +1,116 @@
+"""The device and host page pools, and taking pages from them by evicting whole radix nodes.
+
+A pool is a free list of page indices. When one runs short, the cache evicts whole radix nodes in
+the configured policy's order (docs/controller.md#device-eviction, #host-eviction): device leaves
+keep their host copy (write_back makes one as they leave), host leaves leave the tree.
+"""
+
+from __future__ import annotations
+
+from hicache_ops.errors import InputError
+from hicache_ops.sglang import policy as pol
+
+
+class CapacityError(InputError):
+    """A request cannot fit in the pools even after evicting everything unpinned."""
+
+
+class PagePool:
+    """A free list of page indices."""
+
+    def __init__(self, pages: int):
+        self.capacity = pages
+        self._free = list(range(pages - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.capacity - len(self._free)
+
+    def take_many(self, n: int) -> list[int]:
+        """n pages, the most recently freed first."""
+        free = self._free
+        cut = len(free) - n
+        pages = free[cut:]
+        pages.reverse()
+        del free[cut:]
+        return pages
+
+    def give_many(self, pages: list[int]) -> None:
+        """Return pages to the pool."""
+        self._free.extend(pages)
+
+    def reset(self) -> None:
+        self._free = list(range(self.capacity - 1, -1, -1))
+
+
+class PoolAllocation:
+    """TieredCache's page allocation and eviction (a mixin: it uses the cache's config, tree,
+    device and host pools, stats and per-request eviction counters, and the write_back step of
+    backup.py)."""
+
+    def _alloc_device(self, n: int) -> list[int]:
+        pages = self._try_alloc_device(n)
+        if pages is None:
+            raise CapacityError(
+                f"the device pool has {self.device.capacity} pages and cannot hold {n} more "
+                "even after evicting every unpinned page.",
+                hint="Use a larger device pool or a shorter prompt.",
+            )
+        return pages
+
+    def _try_alloc_device(self, n: int) -> list[int] | None:
+        if self.device.free < n:
+            self._evict_device(n - self.device.free)
+        if self.device.free < n:
+            return None
+        return self.device.take_many(n)
+
+    def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None:
+        """n host pages, evicting host nodes for them (as much as the version asks for a backup or
+        a prefetch); with `at_least`, fewer (what is free) when that is at least `at_least` pages.
+        None when they cannot be had."""
+        if n == 0:
+            return []
+        if not self.config.enable_l2:
+            return None
+        if self.host.free < n:
+            self._evict_host(pol.host_eviction_pages(self.config.sglang_version, n, self.host.free, prefetch))
+        if self.host.free >= n:
+            return self.host.take_many(n)
+        if at_least is not None and self.host.free >= at_least:
+            return self.host.take_many(self.host.free)
+        return None
+
+    def _evict_device(self, n: int) -> None:
+        """Whole device leaves in policy order; write_back backs each up as it leaves (without a
+        host tier there is no HiCache: a leaf is simply dropped)."""
+        write_back = (
+            self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
+        )
+        freed: list[int] = []
+        nodes = dropped = 0
+        try:
+            nodes, dropped = self.tree.evict_device(n, write_back, freed)
+        finally:
+            self.device.give_many(freed)
+            self.stats.device_evictions += len(freed)
+            self.stats.device_evicted_nodes += nodes
+            self.stats.dropped_pages += dropped
+            self._request_device_evicted += len(freed)
+
+    def _evict_host(self, n: int) -> None:
+        freed: list[int] = []
+        if self._reclaims_duplicates:
+            self.stats.host_reclaimed_nodes += self.tree.reclaim_host_duplicates(n, freed)
+        nodes = dropped = 0
+        if len(freed) < n:
+            nodes, dropped = self.tree.evict_host(n - len(freed), freed)
+        self.host.give_many(freed)
+        self.stats.host_evictions += len(freed)
+        self.stats.host_evicted_nodes += nodes
+        self.stats.dropped_pages += dropped
+        self._request_host_evicted += len(freed)

@@ -1,0 +1,247 @@
+"""SGLang's HiCache controller rules as functions of the SGLang version (docs/controller.md).
+
+Every version-specific decision the engine, `trace`, `prefetch`, `playbook` and `bench` make is
+asked here, so each rule and its wording live in one place. Rules name the section of
+docs/controller.md that states them with their SGLang source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hicache_ops.errors import InputError
+from hicache_ops.sglang.versions import V0_5_14, validate_version
+
+# docs/controller.md#defaults
+WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
+STOP_POLICIES: tuple[str, ...] = ("best_effort", "wait_complete", "timeout")
+DEFAULT_WRITE_POLICY = "write_through"
+DEFAULT_STOP_POLICY = "timeout"
+DEFAULT_PREFETCH_THRESHOLD = 256
+DEFAULT_EVICTION_POLICY = "lru"
+LOAD_BACK_THRESHOLD = 10
+# SGLang queries and writes storage in batches of this many pages (docs/keys.md#batch-size).
+STORAGE_BATCH_PAGES = 128
+# 0.5.23's retry of rate-limited prefetches (docs/controller.md#in-flight-limit).
+RETRY_POLL_INTERVAL_PASSES = 8
+RETRY_MAX_ATTEMPTS = 8
+# docs/controller.md#eviction-policies: what SGLang offers, and what the engine implements.
+_EVICTION_POLICIES = {V0_5_14: ("lru", "lfu", "slru", "priority"), "0.5.23": ("lru", "lfu", "slru", "priority", "tlru")}
+MODELLED_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu")
+
+
+def check_write_policy(policy: str) -> str:
+    if policy not in WRITE_POLICIES:
+        raise InputError(f"write policy {policy!r} is unknown.", hint=f"Use one of: {', '.join(WRITE_POLICIES)}.")
+    return policy
+
+
+def check_stop_policy(policy: str) -> str:
+    if policy not in STOP_POLICIES:
+        raise InputError(
+            f"prefetch stop policy {policy!r} is unknown.", hint=f"Use one of: {', '.join(STOP_POLICIES)}."
+        )
+    return policy
+
+
+def check_eviction_policy(policy: str, version: str) -> str:
+    """A policy SGLang `version` offers and the engine implements; otherwise say which it is."""
+    offered = _EVICTION_POLICIES[validate_version(version)]
+    if policy not in offered:
+        raise InputError(
+            f"SGLang {version} has no radix eviction policy {policy!r}.", hint=f"It offers: {', '.join(offered)}."
+        )
+    if policy not in MODELLED_EVICTION_POLICIES:
+        raise InputError(
+            f"the engine does not model radix eviction policy {policy!r} (SGLang {version} offers it); "
+            "its answers would not be SGLang's (docs/controller.md#not-modelled).",
+            hint=f"Use one of: {', '.join(MODELLED_EVICTION_POLICIES)}.",
+        )
+    return policy
+
+
+# -- write policies: docs/controller.md#write-policies ---------------------------------------------
+
+
+def write_through_threshold(policy: str) -> int | None:
+    """Hits after which a node is backed up to host; None: only at device eviction (write_back)."""
+    check_write_policy(policy)
+    return {"write_through": 1, "write_through_selective": 2, "write_back": None}[policy]
+
+
+def counts_every_insert(version: str) -> bool:
+    """0.5.14 counts a hit per insert (a request inserts after prefill and at finish, so it counts
+    its own pages twice); 0.5.23 counts each node once per request."""
+    return validate_version(version) == V0_5_14
+
+
+def counts_revived_nodes(version: str) -> bool:
+    """An insert that gives a node off the device its recomputed pages back: 0.5.23 counts a hit on
+    it (the node is on the device by the time it is counted); 0.5.14 counts none."""
+    return validate_version(version) != V0_5_14
+
+
+def backs_up_unbacked_ancestors(version: str) -> bool:
+    """A node due for backup whose parent has no host copy: 0.5.23 backs the unbacked ancestors up
+    with it; 0.5.14 skips the node until its parent is backed up."""
+    return validate_version(version) != V0_5_14
+
+
+def reclaims_host_duplicates(version: str, write_policy: str) -> bool:
+    """0.5.23 write_back frees host copies of device-resident nodes before evicting host nodes
+    (docs/controller.md#write_back-host-reclaim)."""
+    return validate_version(version) != V0_5_14 and write_policy == "write_back"
+
+
+def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) -> int:
+    """Host pages a host allocation of `needed` pages asks host eviction for when only `free` are
+    free (docs/controller.md#host-eviction): 0.5.14 asks for the whole allocation, for a backup
+    and for a prefetch alike; 0.5.23 for the shortfall of a backup and the whole hit of a prefetch."""
+    if validate_version(version) == V0_5_14 or prefetch:
+        return needed
+    return needed - free
+
+
+def load_back_eviction_pages(version: str, needed: int, free: int) -> int:
+    """Device pages a load-back of `needed` pages asks device eviction for when only `free` are free
+    (docs/controller.md#load-back): 0.5.14 the whole load, 0.5.23 the shortfall."""
+    if validate_version(version) == V0_5_14:
+        return needed
+    return needed - free
+
+
+# -- the match: docs/controller.md#match-cap --------------------------------------------------------
+
+
+def match_cap_pages(input_tokens: int, page_size: int) -> int:
+    """Whole pages a match (and a prefetch) may cover: at most input length - 1 tokens."""
+    return max(input_tokens - 1, 0) // page_size
+
+
+# -- prefetch: docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit --------------
+
+
+def effective_prefetch_threshold(threshold: int, page_size: int) -> int:
+    """Prefetches shorter than this many tokens are not issued, and hits below it are revoked."""
+    return max(threshold, page_size)
+
+
+def prefetch_limit_tokens(version: str, host_tokens: int, device_tokens: int) -> int:
+    """Requested tokens that issued prefetches may hold before new ones are rate limited."""
+    if validate_version(version) == V0_5_14:
+        return max(0, int(0.8 * (host_tokens - device_tokens)))
+    return int(0.5 * host_tokens)
+
+
+def prefetch_limit_rule(version: str) -> str:
+    if validate_version(version) == V0_5_14:
+        return "0.5.14: 0.8 x (host - device)"
+    return "0.5.23: 0.5 x host"
+
+
+def retries_rate_limited(version: str) -> bool:
+    """0.5.23 re-issues a rate-limited prefetch (every RETRY_POLL_INTERVAL_PASSES scheduler passes,
+    up to RETRY_MAX_ATTEMPTS); 0.5.14 never offers it again."""
+    return validate_version(version) != V0_5_14
+
+
+def retry_rule(version: str) -> str:
+    if retries_rate_limited(version):
+        return f"0.5.23 retries every {RETRY_POLL_INTERVAL_PASSES} scheduler passes, up to {RETRY_MAX_ATTEMPTS} times"
+    return "0.5.14 never retries"
+
+
+def rate_limited_verdict(version: str, in_flight: int, limit: int) -> str:
+    """Why a prefetch was not issued, naming the rule and the version."""
+    return (
+        f"skipped: {_tokens(in_flight)} tokens in flight >= limit {_tokens(limit)} "
+        f"({prefetch_limit_rule(version)}); {retry_rule(version)}"
+    )
+
+
+def allocates_host_at_hit(version: str) -> bool:
+    """Where a prefetch's host pages come from (docs/controller.md#prefetch-host-allocation):
+    0.5.14 takes the whole requested span when it issues; 0.5.23 takes the hit once it is known.
+    Both accept a partial allocation that still covers the threshold."""
+    return validate_version(version) != V0_5_14
+
+
+def _tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.3g}M"
+    if n >= 10_000:
+        return f"{n / 1e3:.3g}k"
+    return str(n)
+
+
+# -- the `timeout` stop policy: docs/controller.md#timeout-budget ----------------------------------
+
+
+@dataclass(frozen=True)
+class TimeoutBudget:
+    """The `timeout` stop policy's budget; None fields take the version's defaults."""
+
+    base: float | None = None
+    per_ki_token: float | None = None
+    maximum: float | None = None
+
+    def seconds(self, version: str, *, requested_tokens: int, hit_tokens: int) -> float:
+        """How long `timeout` lets a prefetch run.
+
+        0.5.14: min(max 30, 2.0 + 0.1 x hit_tokens/1024). 0.5.23: 1.0 + 0.25 x
+        requested_tokens/1024, the whole unmatched span, and `maximum` is not read.
+        Extra-config prefetch_timeout_base / _per_ki_token (/ _max, 0.5.14) override the constants.
+        """
+        if validate_version(version) == V0_5_14:
+            base, per_ki, cap, tokens = 2.0, 0.1, 30.0, hit_tokens
+            cap = self.maximum if self.maximum is not None else cap
+        else:
+            base, per_ki, cap, tokens = 1.0, 0.25, None, requested_tokens
+        base = self.base if self.base is not None else base
+        per_ki = self.per_ki_token if self.per_ki_token is not None else per_ki
+        budget = base + per_ki * tokens / 1024
+        return min(cap, budget) if cap is not None else budget
+
+
+def budget_rule(version: str) -> str:
+    if validate_version(version) == V0_5_14:
+        return "0.5.14: min(30, 2.0 + 0.1 x hit tokens/1024) from the request's queueing"
+    return "0.5.23: 1.0 + 0.25 x requested tokens/1024 from the first admission check that finds it unfinished"
+
+
+def clock_starts_at_issue(version: str) -> bool:
+    """0.5.14's budget runs from the prefetch's issue (the request's queueing); 0.5.23's from the
+    first admission check that finds the prefetch unfinished."""
+    return validate_version(version) == V0_5_14
+
+
+def stop_deadline(policy: str, budget_s: float, admission_s: float, version: str) -> float:
+    """Seconds after the prefetch's issue at which the request stops waiting for it, when its
+    first admission check comes `admission_s` after the issue.
+
+    best_effort takes what has arrived at the first check; wait_complete waits for every hit page;
+    timeout waits until its budget runs out, counted from the issue (0.5.14) or from that first
+    check (0.5.23) (docs/controller.md#stop-policies, #timeout-budget).
+    """
+    check_stop_policy(policy)
+    if policy == "best_effort":
+        return admission_s
+    if policy == "timeout":
+        return max(admission_s, budget_s) if clock_starts_at_issue(version) else admission_s + budget_s
+    return float("inf")
+
+
+# -- what the engine cannot represent: docs/controller.md#not-modelled -----------------------------
+
+
+def unmodelled_host_mode(host_memory_mode: str | None, version: str) -> str | None:
+    """A sentence when a deployment's host memory mode is one the engine cannot represent."""
+    if host_memory_mode in (None, "", "cache"):
+        return None
+    if host_memory_mode == "buffer_only" and validate_version(version) != V0_5_14:
+        return (
+            "this deployment runs 0.5.23's buffer_only host memory mode: host RAM only stages L3 transfers "
+            "(no L2 tier, prefetch limit 0.9 x host on real usage); the engine models the cache mode, so its "
+            "L2 answers do not apply (docs/controller.md#not-modelled)."
+        )
+    return f"host memory mode {host_memory_mode!r} is not one SGLang {version} has."
