@@ -21,11 +21,10 @@ from pydantic import BaseModel, Field
 from hicache_ops.engine.page_pools import CapacityError
 from hicache_ops.errors import HicacheError, InputError
 from hicache_ops.server.sglang_api import (
-    GenerateRequest,
     Generation,
     l3_layout_body,
-    parse_generate,
     model_info_body,
+    parse_generate,
     server_info_body,
 )
 from hicache_ops.sglang.versions import V0_5_23
