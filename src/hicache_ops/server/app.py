@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastapi import Body, FastAPI, Request
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
@@ -106,11 +107,11 @@ def create_app(runtime: Runtime) -> FastAPI:
         return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush, observe=req.observe)
 
     @app.post("/generate")
-    def generate(body: bytes = Body(b"", media_type="application/json")):
+    async def generate(request: Request):
         """SGLang's /generate: the prompt through the cache, filler output, SGLang's reply or SSE stream.
         The body is JSON whatever its content type says (`curl -d` sends a form type)."""
-        req = parse_generate(body)
-        served = Generation(runtime, req)
+        req = parse_generate(await request.body())
+        served = await run_in_threadpool(Generation, runtime, req)
         if req.stream:
             return StreamingResponse(served.stream(), media_type="text/event-stream")
         return served.reply()
