@@ -2,7 +2,7 @@
 
 Endpoints: POST /v1/prefill, POST /v1/prefetch, POST /flush_cache (L1 and L2, like SGLang),
 GET /v1/stats, GET /v1/layout, GET /metrics (Prometheus text), GET /health; and SGLang's own:
-POST /generate, GET /health_generate, /model_info, /server_info (with their /get_ aliases) and
+POST /generate, GET /health_generate, /v1/models, /model_info, /server_info (with their /get_ aliases) and
 0.5.23's /get_hicache_l3_cache_layout (server/sglang_api.py, docs/serve-api.md).
 Errors a client can cause come back as 4xx with {"error": {"code", "message", "hint"}}; an L3 that
 does not answer makes requests that need it 503, and /health 503 {"status": "degraded", "l3": "down"}
@@ -25,6 +25,7 @@ from hicache_ops.server.sglang_api import (
     Generation,
     l3_layout_body,
     model_info_body,
+    models_body,
     parse_generate,
     server_info_body,
 )
@@ -125,6 +126,11 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.get("/get_model_info")
     def model_info() -> dict:
         return model_info_body(runtime)
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        # Clients (SGLang's bench among them) poll this to know the server is up.
+        return models_body(runtime)
 
     @app.get("/server_info")
     @app.get("/get_server_info")

@@ -275,6 +275,16 @@ def model_info_body(runtime: Runtime) -> dict:
     }
 
 
+def models_body(runtime: Runtime) -> dict:
+    """The OpenAI-style model list SGLang serves on /v1/models: the served model only."""
+    import time
+
+    name = runtime.spec.model_name
+    card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name,
+            "parent": None, "max_model_len": None}  # fmt: skip
+    return {"object": "list", "data": [card]}
+
+
 def l3_layout_body(runtime: Runtime) -> dict:
     """0.5.23's /get_hicache_l3_cache_layout for this serve (docs/side-pools.md#l3-layout-endpoint)."""
     spec = runtime.spec
