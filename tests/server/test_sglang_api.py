@@ -213,7 +213,10 @@ def cached_by_source(families: dict) -> dict:
 def test_metrics_carry_sglang_s_names_and_count_what_meta_info_said(serve, model_dir):
     before = cached_by_source(metric_families(httpx.get(serve.url + "/metrics").text))
     said = {"device": 0, "host": 0, "storage": 0}
-    for start in (20_000, 20_000, 21_000, 20_000):
+    for start in (20_000, 20_000, 21_000, "flush", 20_000, 21_000):
+        if start == "flush":  # the next ones read back from L3
+            assert httpx.post(serve.url + "/flush_cache").status_code == 200
+            continue
         meta = generate(serve, {"input_ids": prompt(start, 50), "sampling_params": {"max_new_tokens": 2}})["meta_info"]
         for source in said:
             said[source] += (meta.get("cached_tokens_details") or {}).get(source, 0)
@@ -221,7 +224,7 @@ def test_metrics_carry_sglang_s_names_and_count_what_meta_info_said(serve, model
     families = metric_families(text)
     check_against_collectors(families, collector_definitions(model_dir))
     after = cached_by_source(families)
-    assert {s: after[s] - before[s] for s in said} == said and said["device"] > 0
+    assert {s: after[s] - before[s] for s in said} == said and said["device"] > 0 and said["storage"] > 0
     assert "hicache_requests_total" in text  # the serve's own families stay beside SGLang's
     for name in ("sglang:prefetched_tokens_total", "sglang:hicache_host_used_tokens", "sglang:evicted_tokens_total",
                  "sglang:load_back_tokens_total", "sglang:prefill_effective_tokens_total"):  # fmt: skip
