@@ -47,6 +47,47 @@ def _tokens(n: int | None) -> str:
     return f"{n:,}"
 
 
+def _over_http(spec, url: str, timeout: float, quiet: bool, json_output: bool) -> None:
+    from hicache_ops import interrupt
+    from hicache_ops.commands.bench.multiturn_http import run_over_http
+    from hicache_ops.sglang.server_info import read_server
+
+    if not timeout > 0:
+        raise InputError(f"--timeout {timeout:g} must be positive.")
+    page_size = read_server(url, timeout=timeout).logical_page_size
+
+    def progress(r: int, rounds: int) -> None:
+        if not quiet:
+            stderr.print(f"round {r + 1}/{rounds} done")
+
+    with interrupt.stop_on_signals():
+        data = run_over_http(spec, url, page_size=page_size, timeout=timeout, progress=progress)
+    emit(data, json_output, _render_http)
+    if data["interrupted"]:
+        raise typer.Exit(130)
+
+
+def _render_http(data: dict) -> None:
+    from rich.table import Table
+
+    w = data["workload"]
+    stdout.print(
+        f"{data['url']}: {w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + "
+        f"{w['output_tokens']} output) tokens, concurrency {w['concurrency']}, server page {w['page_size']}"
+    )
+    table = Table(title="prompt-token hit rate by round (meta_info), beside the ceiling", title_justify="left",
+                  show_edge=False, pad_edge=False)  # fmt: skip
+    for name in ("round", "ceiling", "paged ceiling", "hit rate", "device", "host", "storage"):
+        table.add_column(name, justify="right")
+    for e in data["rounds"]:
+        table.add_row(str(e["round"]), _percent(e["ceiling"]), _percent(e["ceiling_paged"]), _percent(e["hit_rate"]),
+                      f"{e['device_hit']:,}", f"{e['host_hit']:,}", f"{e['storage_hit']:,}")  # fmt: skip
+    stdout.print(table)
+    stdout.print(
+        f"total hit rate {_percent(data['total']['hit_rate'])} of {data['total']['prompt_tokens']:,} prompt tokens"
+    )
+
+
 def _render(data: dict) -> None:
     from rich.table import Table
 
@@ -227,6 +268,20 @@ def multiturn(
             show_default=False,
         ),
     ] = None,
+    serve: Annotated[
+        str | None,
+        typer.Option(
+            "--serve",
+            help="Replay the workload over HTTP against this server's SGLang /generate (a `hicache serve` or a real "
+            "SGLang) instead of the embedded configurations; hit rates per round from meta_info (docs/serve-api.md).",
+            metavar="URL",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="With --serve: seconds to wait for each answer before exit 3.", metavar="S"),
+    ] = 60.0,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -261,6 +316,9 @@ def multiturn(
             preset=preset,
             concurrency=concurrency,
         ).validate()
+        if serve is not None:
+            _over_http(spec, serve, timeout, quiet, json_output)
+            return
         with interrupt.stop_on_signals():
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.to_json()
