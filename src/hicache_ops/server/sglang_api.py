@@ -106,18 +106,10 @@ def parse_generate(body: bytes) -> GenerateRequest:
 
 
 def load_tokenizer(path: str):
-    """A local tokenizer: a tokenizer.json file, or a folder holding one (a Hugging Face model folder)."""
-    import os
+    """A local Hugging Face tokenizer folder (tokenizer.json): hicache_ops/tokens.py's Tokenizer."""
+    from hicache_ops.tokens import Tokenizer
 
-    from tokenizers import Tokenizer
-
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    if not os.path.isfile(file):
-        raise InputError(f"--tokenizer {path!r} is neither a tokenizer.json file nor a folder holding one.")
-    try:
-        return Tokenizer.from_file(file)
-    except Exception as exc:  # the tokenizers library raises its own exception type
-        raise InputError(f"--tokenizer {file!r} is not a tokenizer file this toolkit can read: {exc}.") from None
+    return Tokenizer(path)
 
 
 def filler_ids(prompt: list[int], n: int, vocab: int) -> list[int]:
@@ -152,11 +144,11 @@ class Generation:
                     "this serve has no tokenizer, so it takes input_ids, not text.",
                     hint="Send input_ids, or start the serve with --tokenizer PATH.",
                 )
-            prompt = tokenizer.encode(req.text).ids
+            prompt = tokenizer.encode(req.text)
         else:
             prompt = list(req.input_ids)
         n = req.sampling_params.max_new_tokens
-        vocab = tokenizer.get_vocab_size() if tokenizer is not None else FILLER_VOCAB
+        vocab = tokenizer.vocab_size if tokenizer is not None else FILLER_VOCAB
         self.runtime, self.req = runtime, req
         self.rid = req.rid or uuid.uuid4().hex
         self.version = runtime.spec.sglang_version

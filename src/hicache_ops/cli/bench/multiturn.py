@@ -13,11 +13,13 @@ from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
     HicacheRatioOption,
     JsonOption,
+    OptionalServeOption,
     PageSizeOption,
     PlotOption,
     PresetOption,
     QuietOption,
     SglangVersionOption,
+    TimeoutOption,
     WritePolicy,
     WritePolicyOption,
     check_plot_path,
@@ -28,6 +30,7 @@ from hicache_ops.errors import InputError
 
 EXAMPLES = examples(
     "hicache bench multiturn --accounting-only",
+    "hicache bench multiturn --serve http://127.0.0.1:18080 --clients 4 --rounds 5 --new-tokens 256 --concurrency 4",
     "hicache bench multiturn --clients 8 --rounds 12 --new-tokens 1024 --plot hit-rate.png",
     "hicache bench multiturn --hicache-write-policy write_back --json",
 )
@@ -268,25 +271,15 @@ def multiturn(
             show_default=False,
         ),
     ] = None,
-    serve: Annotated[
-        str | None,
-        typer.Option(
-            "--serve",
-            help="Replay the workload over HTTP against this server's SGLang /generate (a `hicache serve` or a real "
-            "SGLang) instead of the embedded configurations; hit rates per round from meta_info (docs/serve-api.md).",
-            metavar="URL",
-            show_default=False,
-        ),
-    ] = None,
-    timeout: Annotated[
-        float,
-        typer.Option("--timeout", help="With --serve: seconds to wait for each answer before exit 3.", metavar="S"),
-    ] = 60.0,
+    serve: OptionalServeOption = None,
+    timeout: TimeoutOption = 60.0,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r).
 
+    --serve URL replays the workload over SGLang's /generate instead (a `hicache serve` or a real SGLang):
+    hit rates per round from meta_info beside the ceilings (docs/serve-api.md#clients).
     --plot draws the hit rate of each configuration by round. Ctrl-C stops each configuration after
     its round in progress and reports the rounds finished (exit 130).
     """
