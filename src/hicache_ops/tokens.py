@@ -152,6 +152,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text).ids)
 
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(list(ids))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size()
+
 
 def load_prompt(
     *,

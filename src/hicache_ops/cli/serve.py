@@ -39,6 +39,7 @@ from hicache_ops.cli.common.options import (
     SglangVersionOption,
     StopPolicy,
     StopPolicyOption,
+    TokenizerOption,
     TpSizeOption,
     WritePolicy,
     WritePolicyOption,
@@ -51,6 +52,7 @@ EXAMPLES = examples(
     "hicache serve",
     "hicache serve --preset qwen3-0.6b --page-size 64 --hicache-write-policy write_back",
     "hicache serve --l3 'mooncake://10.0.0.5:50051?metrics=9003' --inject-l3-latency-ms 5",
+    "hicache serve --tokenizer ./model",
 )
 
 
@@ -158,6 +160,7 @@ def serve(
             metavar="MS",
         ),
     ] = 0.0,
+    tokenizer: TokenizerOption = None,
     preset: PresetOption = "tiny",
     dtype: DtypeOption = None,
     page_size: PageSizeOption = 16,
@@ -231,6 +234,10 @@ def serve(
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
         target = L3Target.parse(l3)
+        if tokenizer is not None:
+            from hicache_ops.server.sglang_api import load_tokenizer
+
+            load_tokenizer(tokenizer)  # refused before anything starts
         check_listen(host, port)
         if host not in ("127.0.0.1", "localhost", "::1"):
             stderr.print(f"[yellow]warning:[/] binding {host}: the API has no authentication.")
@@ -242,7 +249,18 @@ def serve(
         failed = False
         try:
             with native_stderr_to_file(folder, restore=False) as native_log:
-                _run(spec, target, segment_mb, folder, host, port, native_log, inject_l3_latency_ms / 1e3, remove)
+                _run(
+                    spec,
+                    target,
+                    segment_mb,
+                    folder,
+                    host,
+                    port,
+                    native_log,
+                    inject_l3_latency_ms / 1e3,
+                    remove,
+                    tokenizer,
+                )
         except Exception:  # an interrupt is not a failure the logs would explain
             failed = True
             raise
@@ -265,6 +283,7 @@ def _run(
     native_log: str,
     l3_latency_s: float,
     remove_logs: bool,
+    tokenizer: str | None = None,
 ) -> None:
     from hicache_ops.mooncake.hostname import advertised_hostname
     from hicache_ops.server.runtime import Runtime
@@ -284,6 +303,7 @@ def _run(
         l3_latency_s=l3_latency_s,
         local_hostname=local_hostname,
         local_hostname_source=source,
+        tokenizer_path=tokenizer,
     ).start()
     try:
         import uvicorn

@@ -1,7 +1,9 @@
 """`hicache serve`'s HTTP API over one embedded tiered cache (FastAPI).
 
 Endpoints: POST /v1/prefill, POST /v1/prefetch, POST /flush_cache (L1 and L2, like SGLang),
-GET /v1/stats, GET /v1/layout, GET /metrics (Prometheus text), GET /health.
+GET /v1/stats, GET /v1/layout, GET /metrics (Prometheus text), GET /health; and SGLang's own:
+POST /generate, GET /health_generate, /v1/models, /model_info, /server_info (with their /get_ aliases) and
+0.5.23's /get_hicache_l3_cache_layout (server/sglang_api.py, docs/serve-api.md).
 Errors a client can cause come back as 4xx with {"error": {"code", "message", "hint"}}; an L3 that
 does not answer makes requests that need it 503, and /health 503 {"status": "degraded", "l3": "down"}
 (README, "serve API").
@@ -12,12 +14,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from hicache_ops.engine.page_pools import CapacityError
 from hicache_ops.errors import HicacheError, InputError
+from hicache_ops.server.sglang_api import (
+    Generation,
+    l3_layout_body,
+    model_info_body,
+    models_body,
+    parse_generate,
+    server_info_body,
+)
+from hicache_ops.sglang.versions import V0_5_23
 
 if TYPE_CHECKING:
     from hicache_ops.server.runtime import Runtime
@@ -79,6 +91,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         result = cache.prefill(
             req.input_ids, req.extra_key, req.cache_salt, with_keys=req.return_keys, force_backup=req.backup
         )
+        runtime.api_counters.record_backup(result.stored_pages * runtime.spec.page_size)
         return result.to_json(with_keys=req.return_keys)
 
     @app.post("/v1/prefetch")
@@ -93,6 +106,42 @@ def create_app(runtime: Runtime) -> FastAPI:
         if req.observe and req.flush:
             raise InputError("observe and flush contradict each other: a flush changes the cache.")
         return runtime.trace(kind, req.input_ids, req.extra_key, req.cache_salt, flush=req.flush, observe=req.observe)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        """SGLang's /generate: the prompt through the cache, filler output, SGLang's reply or SSE stream.
+        The body is JSON whatever its content type says (`curl -d` sends a form type)."""
+        req = parse_generate(await request.body())
+        served = await run_in_threadpool(Generation, runtime, req)
+        if req.stream:
+            return StreamingResponse(served.stream(), media_type="text/event-stream")
+        return served.reply()
+
+    @app.get("/health_generate")
+    def health_generate() -> Response:
+        # SGLang answers an empty 200 while it can serve; here: while the cache can (L3 up or absent).
+        return Response(status_code=503 if runtime.l3_state["state"] == "down" else 200)
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    def model_info() -> dict:
+        return model_info_body(runtime)
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        # Clients (SGLang's bench among them) poll this to know the server is up.
+        return models_body(runtime)
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    def server_info() -> dict:
+        return server_info_body(runtime)
+
+    if runtime.spec.sglang_version == V0_5_23:
+
+        @app.get("/get_hicache_l3_cache_layout")
+        def l3_cache_layout() -> dict:
+            return l3_layout_body(runtime)
 
     @app.post("/flush_cache")
     def flush_cache() -> dict:

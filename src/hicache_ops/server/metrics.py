@@ -1,4 +1,6 @@
-"""Prometheus text for `GET /metrics`, rendered from one stats snapshot per scrape."""
+"""Prometheus text for `GET /metrics`, rendered from one stats snapshot per scrape: the serve's
+`hicache_*` families, and beside them SGLang's own names for the same counts, per
+`--sglang-version` (sglang/metric_names.py, docs/serve-api.md#metrics)."""
 
 from __future__ import annotations
 
@@ -78,7 +80,95 @@ class _Snapshot:
             yield family
 
 
-def render_metrics(stats: dict) -> str:
+class _SglangSnapshot:
+    """SGLang's families for the same snapshot. Tokenizer-side counts come from /generate requests
+    (as SGLang counts them at its tokenizer); the scheduler-side ones from the whole cache."""
+
+    def __init__(self, stats: dict, sglang: dict):
+        self._stats, self._sglang = stats, sglang
+
+    def _family(self, name: str, kind: str, help_: str, labels: tuple[str, ...]):
+        base = name[: -len("_total")] if kind == "counter" else name
+        cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        return cls(base, help_, labels=list(labels))
+
+    def collect(self):
+        from hicache_ops.sglang.metric_names import ENGINE_TYPE, METRICS
+
+        sg, st, occ = self._sglang, self._stats["stats"], self._stats["occupancy"]
+        api, ps = sg["api"], sg["page_size"]
+        table = METRICS[sg["sglang_version"]]
+        model = sg["model_name"]
+        tok = [model, ENGINE_TYPE]
+        ranks = [[model, ENGINE_TYPE, str(r), "0", "0"] for r in range(sg["tp_size"])]
+        l3 = self._stats["config"]["l3"] != "none"
+
+        def family(name, help_, rows):
+            kind, labels = table[name]
+            fam = self._family(name, kind, help_, labels)
+            for values, value in rows:
+                fam.add_metric(values, value)
+            return fam
+
+        def per_rank(value, *extra):
+            return [([*r, *extra], value) for r in ranks]
+
+        streaming = "is_streaming" in table["sglang:prompt_tokens_total"][1]
+        for name, field, help_ in (
+            ("sglang:prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
+            ("sglang:generation_tokens_total", "generation_tokens", "Number of generation tokens processed."),
+            ("sglang:num_requests_total", "requests", "Number of requests processed."),
+        ):
+            counts = api[field]
+            if streaming:
+                rows = [([*tok, "true" if s else "false"], counts[s]) for s in (False, True)]
+            else:
+                rows = [(tok, counts[False] + counts[True])]
+            yield family(name, help_, rows)
+        sources = ("device", "host", "storage") if l3 else ("device", "host")
+        yield family(
+            "sglang:cached_tokens_total",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            [([*tok, s], api["cached_tokens"][s]) for s in sources],
+        )
+        yield family(
+            "sglang:prefetched_tokens_total", "Prompt tokens prefetched from L3 into host memory.",
+            per_rank(st["storage_hit"]),
+        )  # fmt: skip
+        yield family("sglang:backuped_tokens_total", "Tokens backed up to L3.", per_rank(api["backuped_tokens"]))
+        yield family(
+            "sglang:hicache_host_used_tokens",
+            "Tokens used in the host KV cache.",
+            per_rank(occ["host_pages_used"] * ps),
+        )
+        yield family(
+            "sglang:hicache_host_total_tokens",
+            "Capacity of the host KV cache in tokens.",
+            per_rank(occ["host_pages"] * ps),
+        )
+        yield family(
+            "sglang:evicted_tokens_total", "Device KV token slots freed by eviction.",
+            per_rank(st["device_evictions"] * ps),
+        )  # fmt: skip
+        yield family(
+            "sglang:max_total_num_tokens",
+            "Capacity of the device KV pool in tokens.",
+            per_rank(occ["device_pages"] * ps),
+        )
+        pool = ("kv",) if "pool" in table["sglang:load_back_tokens_total"][1] else ()
+        yield family(
+            "sglang:load_back_tokens_total", "Tokens loaded back from host to device.", per_rank(st["host_hit"], *pool)
+        )
+        if "sglang:prefill_effective_tokens_total" in table:
+            modes = {"device_hit": st["device_hit"], "host_hit": st["host_hit"], "storage_hit": st["storage_hit"],
+                     "input": st["computed"]}  # fmt: skip
+            rows = [row for mode, value in modes.items() for row in per_rank(value, mode)]
+            yield family("sglang:prefill_effective_tokens_total", "Prefill tokens by mode.", rows)
+
+
+def render_metrics(stats: dict, sglang: dict | None = None) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(stats))
+    if sglang is not None:
+        registry.register(_SglangSnapshot(stats, sglang))
     return generate_latest(registry).decode()

@@ -118,6 +118,10 @@ class Runtime:
     # The store client's Mooncake local_hostname: peers dial it to read this segment.
     local_hostname: str = "127.0.0.1"
     local_hostname_source: str = "default"
+    # A local tokenizer for SGLang's `text` requests (server/sglang_api.py); None: input_ids only.
+    tokenizer_path: str | None = None
+    tokenizer: object | None = None
+    api_counters: object = field(default=None)
     master: object | None = None
     store: object | None = None
     cache: object | None = None
@@ -133,6 +137,11 @@ class Runtime:
         return self
 
     def _start(self) -> None:
+        from hicache_ops.server.sglang_api import ApiCounters, load_tokenizer
+
+        self.api_counters = ApiCounters()
+        if self.tokenizer_path is not None and self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.tokenizer_path)
         rpc, metrics = self.l3.rpc_address, self.l3.metrics_address
         if self.l3.kind == "embedded":
             from hicache_ops.mooncake.master import EmbeddedMaster
@@ -245,6 +254,7 @@ class Runtime:
             "local_hostname": self.local_hostname,
             "local_hostname_source": self.local_hostname_source,
             "segment": self.store.hostname if self.store is not None else None,
+            "tokenizer": self.tokenizer_path,
         }
 
     def stats(self) -> dict:
@@ -306,4 +316,14 @@ class Runtime:
     def metrics_text(self) -> str:
         from hicache_ops.server.metrics import render_metrics
 
-        return render_metrics(self.stats())
+        return render_metrics(self.stats(), self.sglang_metrics())
+
+    def sglang_metrics(self) -> dict:
+        """What SGLang's collectors would report for this serve (server/metrics.py)."""
+        return {
+            "api": self.api_counters.snapshot(),
+            "page_size": self.spec.page_size,
+            "model_name": self.spec.model_name,
+            "sglang_version": self.spec.sglang_version,
+            "tp_size": self.spec.tp_size,
+        }

@@ -13,11 +13,13 @@ from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
     HicacheRatioOption,
     JsonOption,
+    OptionalServeOption,
     PageSizeOption,
     PlotOption,
     PresetOption,
     QuietOption,
     SglangVersionOption,
+    TimeoutOption,
     WritePolicy,
     WritePolicyOption,
     check_plot_path,
@@ -28,6 +30,7 @@ from hicache_ops.errors import InputError
 
 EXAMPLES = examples(
     "hicache bench multiturn --accounting-only",
+    "hicache bench multiturn --serve http://127.0.0.1:18080 --clients 4 --rounds 5 --new-tokens 256 --concurrency 4",
     "hicache bench multiturn --clients 8 --rounds 12 --new-tokens 1024 --plot hit-rate.png",
     "hicache bench multiturn --hicache-write-policy write_back --json",
 )
@@ -45,6 +48,47 @@ def _tokens(n: int | None) -> str:
     if n >= 10**4:
         return f"{n / 1e3:.0f}K"
     return f"{n:,}"
+
+
+def _over_http(spec, url: str, timeout: float, quiet: bool, json_output: bool) -> None:
+    from hicache_ops import interrupt
+    from hicache_ops.commands.bench.multiturn_http import run_over_http
+    from hicache_ops.sglang.server_info import read_server
+
+    if not timeout > 0:
+        raise InputError(f"--timeout {timeout:g} must be positive.")
+    page_size = read_server(url, timeout=timeout).logical_page_size
+
+    def progress(r: int, rounds: int) -> None:
+        if not quiet:
+            stderr.print(f"round {r + 1}/{rounds} done")
+
+    with interrupt.stop_on_signals():
+        data = run_over_http(spec, url, page_size=page_size, timeout=timeout, progress=progress)
+    emit(data, json_output, _render_http)
+    if data["interrupted"]:
+        raise typer.Exit(130)
+
+
+def _render_http(data: dict) -> None:
+    from rich.table import Table
+
+    w = data["workload"]
+    stdout.print(
+        f"{data['url']}: {w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + "
+        f"{w['output_tokens']} output) tokens, concurrency {w['concurrency']}, server page {w['page_size']}"
+    )
+    table = Table(title="prompt-token hit rate by round (meta_info), beside the ceiling", title_justify="left",
+                  show_edge=False, pad_edge=False)  # fmt: skip
+    for name in ("round", "ceiling", "paged ceiling", "hit rate", "device", "host", "storage"):
+        table.add_column(name, justify="right")
+    for e in data["rounds"]:
+        table.add_row(str(e["round"]), _percent(e["ceiling"]), _percent(e["ceiling_paged"]), _percent(e["hit_rate"]),
+                      f"{e['device_hit']:,}", f"{e['host_hit']:,}", f"{e['storage_hit']:,}")  # fmt: skip
+    stdout.print(table)
+    stdout.print(
+        f"total hit rate {_percent(data['total']['hit_rate'])} of {data['total']['prompt_tokens']:,} prompt tokens"
+    )
 
 
 def _render(data: dict) -> None:
@@ -227,11 +271,15 @@ def multiturn(
             show_default=False,
         ),
     ] = None,
+    serve: OptionalServeOption = None,
+    timeout: TimeoutOption = 60.0,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Multi-turn hit rate of L1, L1+L2 and L1+L2+L3 side by side, with the ceiling h_max(r).
 
+    --serve URL replays the workload over SGLang's /generate instead (a `hicache serve` or a real SGLang):
+    hit rates per round from meta_info beside the ceilings (docs/serve-api.md#clients).
     --plot draws the hit rate of each configuration by round. Ctrl-C stops each configuration after
     its round in progress and reports the rounds finished (exit 130).
     """
@@ -261,6 +309,9 @@ def multiturn(
             preset=preset,
             concurrency=concurrency,
         ).validate()
+        if serve is not None:
+            _over_http(spec, serve, timeout, quiet, json_output)
+            return
         with interrupt.stop_on_signals():
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.to_json()
