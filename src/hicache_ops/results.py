@@ -8,10 +8,24 @@ scripts/gen_cli_docs.py), so a field documents itself where it is declared.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer
 
 
 class Result(BaseModel):
-    """A command's result: plain JSON fields, no field left undeclared."""
+    """A command's result (or a part of one): plain JSON fields, none left undeclared."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+    model_config = ConfigDict(extra="forbid")
+
+    # Fields left out of the JSON while they are None: those an option adds (--sglang-url's
+    # server_disagreements), so the JSON without that option keeps its shape.
+    omit_if_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> Any:
+        data = handler(self)
+        for name in self.omit_if_none:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
