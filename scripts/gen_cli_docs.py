@@ -25,6 +25,7 @@ DOCS = ROOT / "docs" / "cli"
 # `hicache COMMAND`: "module:Model" of the model its --json prints. A command not listed here still
 # prints a plain dict (not yet typed); its page says so.
 RESULT_MODELS = {
+    "hicache bench kernels": "hicache_ops.commands.bench.kernels:KernelBenchResult",
     "hicache bench keys": "hicache_ops.commands.bench.key_throughput:KeyBenchResult",
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
