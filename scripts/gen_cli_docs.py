@@ -28,6 +28,7 @@ RESULT_MODELS = {
     "hicache bench kernels": "hicache_ops.commands.bench.kernels:KernelBenchResult",
     "hicache bench keys": "hicache_ops.commands.bench.key_throughput:KeyBenchResult",
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
+    "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
 }
 
@@ -90,7 +91,7 @@ def field_rows(model, prefix: str = "") -> list[tuple[str, str, str]]:
     rows = []
     for name, info in model.model_fields.items():
         path = f"{prefix}{name}"
-        only = " (only with the option that adds it)" if name in getattr(model, "omit_if_none", ()) else ""
+        only = " (only with the option that adds it)" if name in model.optional_fields() else ""
         rows.append((path, _type_name(info.annotation), (info.description or "") + only))
         found = _nested(info.annotation)
         if found:

@@ -21,6 +21,14 @@ class Result(BaseModel):
     # Fields left out of the JSON while they are None: those an option adds (--sglang-url's
     # server_disagreements), so the JSON without that option keeps its shape.
     omit_if_none: ClassVar[tuple[str, ...]] = ()
+    # field -> the fields that go with it: all are left out while that field is None (inspect keys'
+    # live fields, present only with --master).
+    omit_with: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def optional_fields(cls) -> set[str]:
+        """The fields an option adds: absent from the JSON without it."""
+        return set(cls.omit_if_none) | {f for key, rest in cls.omit_with.items() for f in (key, *rest)}
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: Any) -> Any:
@@ -28,4 +36,8 @@ class Result(BaseModel):
         for name in self.omit_if_none:
             if data.get(name) is None:
                 data.pop(name, None)
+        for name, rest in self.omit_with.items():
+            if getattr(self, name) is None:
+                for field in (name, *rest):
+                    data.pop(field, None)
         return data

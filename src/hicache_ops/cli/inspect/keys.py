@@ -41,6 +41,7 @@ from hicache_ops.cli.common.options import (
 from hicache_ops.cli.common.output import DETAIL_ROWS, emit, first_rows, print_left_out, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
+from hicache_ops.commands.inspect.results import keys_result
 from hicache_ops.sglang.versions import default_version, validate_version
 from hicache_ops.tokens import load_prompt
 
@@ -59,9 +60,9 @@ def _header(report: KeyReport, choice=None) -> None:
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
     if choice is not None:
         stdout.print(f"side pools {choice.source_text}")
-    for pool in report.to_json()["pools"]:
-        window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
-        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
+    for pool in keys_result(report).pools:
+        window = f" (last {pool.trailing_pages} page(s))" if pool.trailing_pages else ""
+        stdout.print(f"pool {pool.name}  {pool.hit_policy}{window}  {', '.join(pool.suffixes)}")
     _render_disagreements(choice)
 
 
@@ -156,10 +157,6 @@ def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
     print_left_out(left_out, "pages")
     for note in report.notes:
         stderr.print(f"[yellow]note:[/] {note}")
-
-
-def _with_choice(data: dict, choice) -> dict:
-    return data if choice is None else {**data, **choice.to_json()}
 
 
 @sglang_url_option(
@@ -278,7 +275,7 @@ def keys(
                 from hicache_ops.errors import InputError
 
                 raise InputError("--try-extra-key and --try-cache-salt need --master.")
-            emit(_with_choice(report.to_json(), choice), json_output, lambda _: _render(report, show_all, choice))
+            emit(keys_result(report, choice=choice), json_output, lambda _: _render(report, show_all, choice))
             return
         from hicache_ops.commands.inspect.live_diff import live_diff
         from hicache_ops.mooncake.admin import AdminClient
@@ -297,7 +294,7 @@ def keys(
                 report=report,
             )
         emit(
-            _with_choice(diff.merge_into(report.to_json()), choice),
+            keys_result(report, diff, choice),
             json_output,
             lambda _: _render_live(report, diff, show_all, choice),
         )
