@@ -30,6 +30,7 @@ RESULT_MODELS = {
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
+    "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
 
 # The hand-written page of a group whose prose is not docs/cli/<group>.md.
