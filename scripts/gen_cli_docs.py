@@ -26,6 +26,7 @@ DOCS = ROOT / "docs" / "cli"
 # prints a plain dict (not yet typed); its page says so.
 RESULT_MODELS = {
     "hicache bench kernels": "hicache_ops.commands.bench.kernels:KernelBenchResult",
+    "hicache bench multiturn": "hicache_ops.commands.bench.multiturn:MultiturnReport",
     "hicache bench keys": "hicache_ops.commands.bench.key_throughput:KeyBenchResult",
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
