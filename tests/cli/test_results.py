@@ -58,3 +58,17 @@ def test_inspect_keys_json_with_side_pools_keeps_pool_fields():
     data = json.loads(hicache(["inspect", "keys", *args]).stdout)
     assert list(data) == KEYS_FIELDS
     assert data["pools"] and all(list(p) == ["name", "suffixes", "hit_policy", "trailing_pages"] for p in data["pools"])
+
+
+def test_help_loads_no_result_model():
+    """The result models (pydantic) load with the command that runs, not with `hicache --help`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runpy; sys.argv = ['hicache', '--help'];\n"
+        "try:\n    runpy.run_module('hicache_ops.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', [m for m in ('pydantic', 'hicache_ops.results') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "LOADED []" in out

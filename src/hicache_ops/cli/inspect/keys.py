@@ -41,7 +41,6 @@ from hicache_ops.cli.common.options import (
 from hicache_ops.cli.common.output import DETAIL_ROWS, emit, first_rows, print_left_out, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
-from hicache_ops.commands.inspect.results import keys_result
 from hicache_ops.sglang.versions import default_version, validate_version
 from hicache_ops.tokens import load_prompt
 
@@ -60,6 +59,8 @@ def _header(report: KeyReport, choice=None) -> None:
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
     if choice is not None:
         stdout.print(f"side pools {choice.source_text}")
+    from hicache_ops.commands.inspect.results import keys_result  # pydantic: not at --help time
+
     for pool in keys_result(report).pools:
         window = f" (last {pool.trailing_pages} page(s))" if pool.trailing_pages else ""
         stdout.print(f"pool {pool.name}  {pool.hit_policy}{window}  {', '.join(pool.suffixes)}")
@@ -227,6 +228,7 @@ def keys(
     --try-cache-salt look for other namespaces' keys there too.
     """
     with reporting(json_output):
+        from hicache_ops.commands.inspect.results import keys_result
         from hicache_ops.sglang.host_pool import check_layout_for
         from hicache_ops.sglang.side_pool_specs import combine_pools, preset
 
