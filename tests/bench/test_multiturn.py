@@ -159,8 +159,8 @@ def test_ceiling_for_any_turn_shape():
 
 def test_processes_and_one_process_agree():
     spec = MultiturnSpec(clients=6, rounds=8, new_tokens=128, output_tokens=8, page_size=8, l1_rounds=2.5)
-    one = run_multiturn(spec, workers=1).to_json()
-    three = run_multiturn(spec, workers=3).to_json()
+    one = run_multiturn(spec, workers=1).result().model_dump(mode="json")
+    three = run_multiturn(spec, workers=3).result().model_dump(mode="json")
     assert one["rounds"] == three["rounds"] and one["prefilled_tokens"] == three["prefilled_tokens"]
     assert three["workers"] == 3
 
@@ -204,7 +204,7 @@ def test_real_bytes_and_accounting_make_the_same_decisions():
     for name in CONFIGS:
         assert real.runs[name].cached == accounting.runs[name].cached
         assert real.runs[name].stats["mismatched_pages"] == 0
-    assert real.to_json()["configurations"]["l1_l2_l3"]["bytes"]["host_to_l3"] > 0
+    assert real.result().model_dump(mode="json")["configurations"]["l1_l2_l3"]["bytes"]["host_to_l3"] > 0
     assert real.cliffs() == accounting.cliffs()
 
 
@@ -288,7 +288,7 @@ def test_a_stop_request_keeps_the_rounds_finished(tmp_path):
     assert {name: run.rounds_done for name, run in stopped.runs.items()} == {"l1": 6, "l1_l2": 3}
     assert stopped.runs["l1"].cached == whole.runs["l1"].cached
     assert stopped.runs["l1_l2"].cached == whole.runs["l1_l2"].cached[:3]
-    data, full = stopped.to_json(), whole.to_json()
+    data, full = stopped.result().model_dump(mode="json"), whole.result().model_dump(mode="json")
     assert data["interrupted"] is True and data["rounds_totalled"] == 3 and len(data["rounds"]) == 6
     assert [entry["l1_l2"] for entry in data["rounds"][3:]] == [None] * 3
     assert [entry["l1"] for entry in data["rounds"]] == [entry["l1"] for entry in full["rounds"]]

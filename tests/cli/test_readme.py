@@ -1,11 +1,14 @@
-"""The README's commands run, so the README cannot drift from the code.
+"""The commands of the README and of every docs page run, so the docs cannot drift from the code.
 
-Every ```bash block that holds a `.venv/bin/hicache` or `make` command is run line by line, in
-README order, in one temporary folder (a later block may use a file an earlier one wrote), against a
-serve this test starts with `make serve`'s settings; the README's addresses are replaced by that
-serve's. A command must end with exit 0, or with the code its trailing `# exit N` comment states.
-The lines around the commands (writing a prompt file, `export`, a `curl` to the serve) run too and
-must succeed. Transcripts (```console blocks, `$ ` prompts, outputs) are not commands and are not run.
+Every ```bash block that holds a `.venv/bin/hicache` or `make` command is run line by line, the
+README first, then docs/cli/ and the other docs pages (PAGES, then any other page with such a block),
+each page in its own order, all in one temporary folder (a later block may use a file an earlier one
+wrote), against a serve this test starts with `make serve`'s settings; the pages' addresses are
+replaced by that serve's. A block that needs what this machine lacks (a GPU, root) is marked by a
+`<!-- not run: REASON -->` line right above its fence, and is not run. A command must end with
+exit 0, or with the code its trailing `# exit N` comment states. The lines around the commands
+(writing a prompt file, `export`, a `curl` to the serve) run too and must succeed. Transcripts
+(```console blocks, `$ ` prompts, outputs) are not commands and are not run.
 """
 
 from __future__ import annotations
@@ -20,7 +23,21 @@ import pytest
 
 from serve_process import HICACHE, Serve
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+# Run in this order after the README: the order of the sections they were before they left it.
+PAGES = [
+    "docs/cli/inspect.md",
+    "docs/cli/tap.md",
+    "docs/cli/te.md",
+    "docs/cli/serve.md",
+    "docs/cli/trace.md",
+    "docs/cli/warm.md",
+    "docs/cli/playbook.md",
+    "docs/cli/lab.md",
+    "docs/benchmarks.md",
+]
+NOT_RUN_MARK = re.compile(r"<!--\s*not run:\s*(\S.*?)\s*-->")
 COMMAND_PREFIXES = (".venv/bin/hicache", "make")
 
 # Commands this test does not run, each with the reason.
@@ -32,13 +49,22 @@ NOT_RUN = {
 }
 
 
-def readme_lines() -> list[tuple[int, str]]:
-    """(line number, logical line) of every ```bash block holding a command, continuations joined."""
+def pages() -> list[Path]:
+    """The README, PAGES, then every other docs page with a block of commands."""
+    listed = [README, *(ROOT / p for p in PAGES)]
+    others = sorted(p for p in (ROOT / "docs").rglob("*.md") if p not in listed and page_lines(p))
+    return listed + others
+
+
+def page_lines(page: Path, skipped: list[str] | None = None) -> list[tuple[int, str]]:
+    """(line number, logical line) of every ```bash block holding a command, continuations joined;
+    a block under a `<!-- not run: ... -->` line is left out (its reason appended to `skipped`)."""
     found: list[tuple[int, str]] = []
-    lines = README.read_text().splitlines()
+    lines = page.read_text().splitlines()
     i = 0
     while i < len(lines):
         if lines[i].strip() in ("```bash", "```sh"):
+            mark = NOT_RUN_MARK.search(lines[i - 1]) if i else None
             block: list[tuple[int, str]] = []
             i += 1
             while lines[i].strip() != "```":
@@ -50,9 +76,16 @@ def readme_lines() -> list[tuple[int, str]]:
                     block.append((start, text.strip()))
                 i += 1
             if any(text.startswith(COMMAND_PREFIXES) for _, text in block):
-                found.extend(block)
+                if mark is None:
+                    found.extend(block)
+                elif skipped is not None:
+                    skipped.append(mark.group(1))
         i += 1
     return found
+
+
+def readme_lines() -> list[tuple[int, str]]:
+    return page_lines(README)
 
 
 def expected_exit(line: str) -> int:
@@ -67,8 +100,23 @@ def not_run_reason(line: str) -> str | None:
 
 def test_readme_has_commands_to_run():
     lines = [text for _, text in readme_lines()]
-    assert sum(text.startswith(".venv/bin/hicache") for text in lines) >= 10
+    assert sum(text.startswith(".venv/bin/hicache") for text in lines) >= 3
     assert any(not_run_reason(text) for text in lines)  # the skip list matches the README's make lines
+    every = [text for page in pages() for _, text in page_lines(page)]
+    assert sum(text.startswith(".venv/bin/hicache") for text in every) >= 10
+    for page in PAGES:
+        assert (ROOT / page).exists(), page
+
+
+def test_not_run_mark_leaves_out_only_its_block(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- not run: needs a CUDA GPU -->\n```bash\n.venv/bin/hicache bench kernels --device cuda\n```\n\n"
+        "```bash\n.venv/bin/hicache --help\n```\n"
+    )
+    skipped: list[str] = []
+    assert page_lines(page, skipped) == [(7, ".venv/bin/hicache --help")]
+    assert skipped == ["needs a CUDA GPU"]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +140,8 @@ def test_every_readme_command_ends_with_its_exit_code(serve, tmp_path):
     # in this test's folder.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOONCAKE_")} | {"TMPDIR": str(tmp_path)}
     ran = 0
-    for number, line in readme_lines():
+    lines = [(page, number, line) for page in pages() for number, line in page_lines(page)]
+    for page, number, line in lines:
         if not_run_reason(line):
             continue
         command = line
@@ -114,7 +163,7 @@ def test_every_readme_command_ends_with_its_exit_code(serve, tmp_path):
         )
         want = expected_exit(line)
         assert result.returncode == want, (
-            f"README.md:{number}: exit {result.returncode}, expected {want}\n{line}\n"
+            f"{page.relative_to(ROOT)}:{number}: exit {result.returncode}, expected {want}\n{line}\n"
             f"stdout: {result.stdout[-2000:]}\nstderr: {result.stderr[-2000:]}"
         )
         ran += line.startswith(COMMAND_PREFIXES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -22,16 +22,19 @@ from hicache_ops.cli.common.options import (
 from hicache_ops.cli.common.output import emit, first_rows, print_left_out, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import SglangCompareUrlOption, warn_serve_disagreements
 
+if TYPE_CHECKING:
+    from hicache_ops.commands.prefetch import PrefetchResult
+
 EXAMPLES = examples(
     "hicache prefetch prompts.jsonl --serve http://127.0.0.1:18080",
     "hicache prefetch prompts.jsonl --extra-key tenant-a --json",
 )
 
 
-def _render(data: dict, show_all: bool = False) -> None:
-    rows = data["prompts"]
-    unverified = [r for r in rows if not r["verified"]]
-    stdout.print(f"prefetch through {data['serve']} (stop policy {data['stop_policy']})")
+def _render(data: PrefetchResult, show_all: bool = False) -> None:
+    rows = data.prompts
+    unverified = [r for r in rows if not r.verified]
+    stdout.print(f"prefetch through {data.serve} (stop policy {data.stop_policy})")
     if unverified:
         stdout.print(
             f"[bold red]not verified:[/] {len(unverified)} of {len(rows)} prompt(s): a page's bytes differ, or "
@@ -40,15 +43,15 @@ def _render(data: dict, show_all: bool = False) -> None:
         )
     else:
         stdout.print(f"[bold green]verified:[/] every page fetched for {len(rows)} prompt(s) holds the bytes written.")
-    cut = sum(1 for r in rows if r["policies"].get(data["stop_policy"], {}).get("cut"))
+    cut = sum(1 for r in rows if (data.stop_policy in r.policies and r.policies[data.stop_policy].cut))
     stdout.print(
-        f"{sum(r['fetched_pages'] for r in rows)} of {sum(r['hit_pages'] for r in rows)} hit pages fetched, "
-        f"{sum(r['bytes'] for r in rows):,} bytes in {sum(r['seconds'] for r in rows) * 1e3:.1f} ms; "
-        f"{cut} prompt(s) cut by {data['stop_policy']}",
+        f"{sum(r.fetched_pages for r in rows)} of {sum(r.hit_pages for r in rows)} hit pages fetched, "
+        f"{sum(r.bytes for r in rows):,} bytes in {sum(r.seconds for r in rows) * 1e3:.1f} ms; "
+        f"{cut} prompt(s) cut by {data.stop_policy}",
         soft_wrap=False,
     )
     # Problem rows first; the primary table fits 100 columns, timings and policies are the --all detail view.
-    ordered = unverified + [r for r in rows if r["verified"]]
+    ordered = unverified + [r for r in rows if r.verified]
     shown, left_out = first_rows(ordered, show_all)
     if not shown:
         return
@@ -60,13 +63,13 @@ def _render(data: dict, show_all: bool = False) -> None:
     table.add_column("note", overflow="fold")
     for r in shown:
         table.add_row(
-            r["source"],
-            str(r["tokens"]),
-            str(r["local_tokens"]),
-            str(r["hit_pages"]),
-            str(r["fetched_pages"]),
-            "yes" if r["verified"] else "[bold red]NO[/]",
-            r["reason"],
+            r.source,
+            str(r.tokens),
+            str(r.local_tokens),
+            str(r.hit_pages),
+            str(r.fetched_pages),
+            "yes" if r.verified else "[bold red]NO[/]",
+            r.reason,
         )
     stdout.print(table)
     print_left_out(left_out, "prompts")
@@ -79,8 +82,8 @@ def _render(data: dict, show_all: bool = False) -> None:
         detail.add_column(col, justify="right", no_wrap=True)
     detail.add_column("cut by", overflow="fold")
     for r in shown:
-        cut_by = ", ".join(p for p, v in r["policies"].items() if v["cut"]) or "-"
-        detail.add_row(r["source"], f"{r['bytes']:,}", f"{r['seconds'] * 1e3:.1f}", f"{r['budget_s']:.3f}", cut_by)
+        cut_by = ", ".join(p for p, v in r.policies.items() if v.cut) or "-"
+        detail.add_row(r.source, f"{r.bytes:,}", f"{r.seconds * 1e3:.1f}", f"{r.budget_s:.3f}", cut_by)
     stdout.print(detail)
 
 
@@ -121,15 +124,11 @@ def prefetch(
                 pool_preset=pool_preset,
             )
         rows = report.rows
-        data = {
-            "serve": serve,
-            "stop_policy": report.config["stop_policy"],
-            "interrupted": report.interrupted,
-            "prompts": [r.to_json() for r in rows],
-        }
+        disagreements = None
         if sglang_url is not None:
-            data["server_disagreements"] = serve_disagreements(report.config, server)
-            warn_serve_disagreements(data["server_disagreements"])
+            disagreements = serve_disagreements(report.config, server)
+            warn_serve_disagreements(disagreements)
+        data = report.result(serve, disagreements)
         emit(data, json_output, lambda d: _render(d, show_all))
         if report.interrupted:
             stderr.print(

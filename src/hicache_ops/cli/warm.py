@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,8 +31,11 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, first_rows, print_left_out, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, first_rows, json_data, print_left_out, reporting, stderr, stdout
 from hicache_ops.errors import InputError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.warm import MigrationReport
 
 EXAMPLES = examples(
     "hicache warm prompts.jsonl --serve http://127.0.0.1:18080",
@@ -254,8 +257,7 @@ def warm(
                         synthetic=synthetic,
                         on_progress=advance,
                     )
-        data = report.to_json()
-        emit(data, json_output, lambda d: _render(d, show_all))
+        emit(report.result(), json_output, lambda r: _render(json_data(r), show_all))
         if report.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)
         if report.error:
@@ -336,16 +338,16 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
         report = migrate_prefix(
             master, store, prefixes[0], prefixes[1], remove_old=remove_old, dry_run=dry_run, timeout_s=timeout
         )
-    data = report.to_json()
 
-    def render(d: dict) -> None:
+    def render(report: MigrationReport) -> None:
+        d = json_data(report)
         stdout.print(
             f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> {d['target_prefix'] or '(unprefixed)'}: "
             f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed {d['removed']}, "
             f"failed {len(d['failed'])}" + (" (dry run)" if d["dry_run"] else ""),
         )
 
-    emit(data, json_output, render)
+    emit(report, json_output, render)
     if report.failed:
         raise typer.Exit(1)
 

@@ -7,33 +7,53 @@ reported) and returns the rows done so far, marked interrupted."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from pydantic import Field
 
 from hicache_ops import interrupt
+from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools
 from hicache_ops.sglang import policy as pol
 from hicache_ops.tokens import Prompt
 
 
-@dataclass
-class PrefetchRow:
-    index: int
-    source: str
-    tokens: int
-    local_tokens: int  # already on device or host: not fetched
-    considered_tokens: int
-    hit_pages: int
-    fetched_pages: int
-    bytes: int
-    seconds: float
-    budget_s: float
-    verified: bool  # pages were inserted and their bytes matched; False when none were
-    reason: str
-    size_mismatched_objects: int = 0  # objects of another deployment's byte count under these keys
-    policies: dict = field(default_factory=dict)  # policy -> {"deadline_s", "cut"}
+class PolicyCut(Result):
+    deadline_s: float | None = Field(description="when that stop policy would end the prefetch; `null`: never")
+    cut: bool = Field(description="the prefetch took longer than that deadline")
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
+
+class PrefetchRow(Result):
+    index: int = Field(description="the prompt's position in the input, from 0")
+    source: str = Field(description="where the prompt came from (file and line)")
+    tokens: int = Field(description="tokens in the prompt")
+    local_tokens: int = Field(description="tokens already on device or host: not fetched")
+    considered_tokens: int = Field(description="tokens the prefetch looked up in L3")
+    hit_pages: int = Field(description="pages L3 holds of those")
+    fetched_pages: int = Field(description="pages fetched into the host pool")
+    bytes: int = Field(description="bytes fetched")
+    seconds: float = Field(description="the prefetch's time")
+    budget_s: float = Field(description="SGLang's prefetch timeout budget for this prompt")
+    verified: bool = Field(description="pages were inserted and their bytes matched; false when none were")
+    reason: str = Field(description="why the prefetch stopped, or what went wrong")
+    size_mismatched_objects: int = Field(0, description="objects of another deployment's byte count under these keys")
+    policies: dict[str, PolicyCut] = Field(
+        default_factory=dict, description="each stop policy's verdict, when L3 had pages"
+    )
+
+
+class PrefetchResult(Result):
+    """`hicache prefetch --json`."""
+
+    omit_if_none = ("server_disagreements",)
+
+    serve: str = Field(description="the serve instance asked")
+    stop_policy: str = Field(description="the serve's prefetch stop policy")
+    interrupted: str | None = Field(description="the signal that stopped the run, `null` when it finished")
+    prompts: list[PrefetchRow] = Field(description="one row per prompt done")
+    server_disagreements: list | None = Field(
+        None, description="with --sglang-url: where the serve's settings differ from the SGLang server's"
+    )
 
 
 @dataclass
@@ -41,6 +61,15 @@ class PrefetchReport:
     config: dict  # the serve's
     rows: list[PrefetchRow]
     interrupted: str | None = None  # the signal that stopped it, if one did
+
+    def result(self, serve: str, server_disagreements: list | None = None) -> PrefetchResult:
+        return PrefetchResult(
+            serve=serve,
+            stop_policy=self.config["stop_policy"],
+            interrupted=self.interrupted,
+            prompts=self.rows,
+            server_disagreements=server_disagreements,
+        )
 
 
 def prefetch_prompts(
@@ -105,10 +134,9 @@ def prefetch_prompts(
             for policy in pol.STOP_POLICIES:
                 deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])
                 # wait_complete has no deadline: None rather than an infinity JSON cannot carry.
-                row.policies[policy] = {
-                    "deadline_s": None if deadline == float("inf") else deadline,
-                    "cut": elapsed > deadline,
-                }
+                row.policies[policy] = PolicyCut(
+                    deadline_s=None if deadline == float("inf") else deadline, cut=elapsed > deadline
+                )
         rows.append(row)
         if on_progress:
             on_progress(row)

@@ -21,11 +21,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
 from hicache_ops.errors import HicacheError, InputError, UnreachableError
+from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools, side_pools_of_serve
 from hicache_ops.sglang.hit_policy import read_pages
 from hicache_ops.sglang.side_pool_specs import PoolSpec
@@ -41,22 +44,44 @@ WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING = (
 )
 
 
-@dataclass
-class PromptOutcome:
-    index: int
-    source: str
-    tokens: int
-    pages: int
-    objects: int
-    status: str = PENDING
-    present_objects: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    reason: str = ""
-    first_missing: str | None = None
+class PromptOutcome(Result):
+    index: int = Field(description="the prompt's position in the input, from 0")
+    source: str = Field(description="where the prompt came from (file and line)")
+    tokens: int = Field(description="tokens in the prompt")
+    pages: int = Field(description="whole pages")
+    objects: int = Field(description="objects the prompt needs in L3 to be loadable whole")
+    status: str = Field(
+        PENDING, description="`written`, `present`, `no_page`, `not_landed`, `failed` or `pending` (not reached)"
+    )
+    present_objects: int = Field(0, description="of those objects, how many the master holds")
+    bytes: int = Field(0, description="bytes written")
+    seconds: float = Field(0.0, description="the prompt's time")
+    reason: str = Field("", description="why it is not complete, or a note")
+    first_missing: str | None = Field(None, description="the first object the master lacks, `null` when none")
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
+
+class WarmSummary(Result):
+    written: int = Field(description="prompts written and verified")
+    present: int = Field(description="prompts already whole in L3")
+    no_page: int = Field(description="prompts shorter than a page")
+    not_landed: int = Field(description="prompts written whose objects did not all land")
+    failed: int = Field(description="prompts whose write failed")
+    pending: int = Field(description="prompts not reached")
+    pages: int = Field(description="whole pages over every prompt")
+    bytes: int = Field(description="bytes written")
+
+
+class WarmResult(Result):
+    """`hicache warm --json`."""
+
+    target: str = Field(description="the serve or SGLang server written through")
+    deployment: dict = Field(description="the deployment the keys were derived for, and its master")
+    dry_run: bool = Field(description="--dry-run: nothing was written")
+    complete: bool = Field(description="every prompt's objects are in L3")
+    error: str | None = Field(description="why the warm stopped early, `null` when it did not")
+    interrupted: str | None = Field(description="the signal that stopped it, `null` when none did")
+    summary: WarmSummary = Field(description="prompts per status, pages and bytes")
+    prompts: list[PromptOutcome] = Field(description="one row per prompt")
 
 
 @dataclass
@@ -79,18 +104,20 @@ class WarmReport:
             and all(p.status in (WRITTEN, PRESENT, NO_PAGE) for p in self.prompts)
         )
 
-    def to_json(self) -> dict:
-        return {
-            "target": self.target,
-            "deployment": self.deployment,
-            "dry_run": self.dry_run,
-            "complete": self.complete,
-            "error": self.error,
-            "interrupted": self.interrupted,
-            "summary": {s: self.count(s) for s in (WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING)}
-            | {"pages": sum(p.pages for p in self.prompts), "bytes": sum(p.bytes for p in self.prompts)},
-            "prompts": [p.to_json() for p in self.prompts],
-        }
+    def result(self) -> WarmResult:
+        counts = {s: self.count(s) for s in (WRITTEN, PRESENT, NO_PAGE, NOT_LANDED, FAILED, PENDING)}
+        return WarmResult(
+            target=self.target,
+            deployment=self.deployment,
+            dry_run=self.dry_run,
+            complete=self.complete,
+            error=self.error,
+            interrupted=self.interrupted,
+            summary=WarmSummary(
+                **counts, pages=sum(p.pages for p in self.prompts), bytes=sum(p.bytes for p in self.prompts)
+            ),
+            prompts=self.prompts,
+        )
 
 
 Progress = Callable[[PromptOutcome], None]
@@ -141,11 +168,11 @@ def _plan(prompts: Sequence[Prompt], page_size: int, deployment: Deployment, ext
             expected_keys(prompt.input_ids, page_size, deployment, extra_key=ek, cache_salt=cs, pools=pools), pools
         )
         outcome = PromptOutcome(
-            i,
-            prompt.source or f"prompt {i + 1}",
-            len(prompt.input_ids),
-            len(report.report.pages),
-            len(report.object_keys),
+            index=i,
+            source=prompt.source or f"prompt {i + 1}",
+            tokens=len(prompt.input_ids),
+            pages=len(report.report.pages),
+            objects=len(report.object_keys),
         )
         if not report.report.pages:
             outcome.status = NO_PAGE
@@ -321,13 +348,14 @@ def run_pool(
         submitted = {plan[4].index for plan in plans}
         for at, outcome in enumerate(report.prompts):
             if outcome.index in submitted and outcome.index not in delivered:
-                report.prompts[at] = replace(
-                    outcome,
-                    status=PENDING,
-                    bytes=0,
-                    seconds=0.0,
-                    first_missing=None,
-                    reason="not reached: stopped before it finished (a rerun resumes it)",
+                report.prompts[at] = outcome.model_copy(
+                    update={
+                        "status": PENDING,
+                        "bytes": 0,
+                        "seconds": 0.0,
+                        "first_missing": None,
+                        "reason": "not reached: stopped before it finished (a rerun resumes it)",
+                    }
                 )
     if unexpected is not None:
         raise unexpected
@@ -463,20 +491,18 @@ def _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs,
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class MigrationReport:
-    source_prefix: str
-    target_prefix: str
-    objects: int = 0
-    copied: int = 0
-    already_there: int = 0
-    verified: int = 0
-    removed: int = 0
-    failed: list[str] = field(default_factory=list)
-    dry_run: bool = False
+class MigrationReport(Result):
+    """`hicache warm --migrate-prefix FROM TO --json`."""
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
+    source_prefix: str = Field(description="the prefix the objects are copied from")
+    target_prefix: str = Field(description="the prefix they are copied to")
+    objects: int = Field(0, description="page objects under the source prefix")
+    copied: int = Field(0, description="objects copied")
+    already_there: int = Field(0, description="objects the target already held with the same bytes")
+    verified: int = Field(0, description="copies read back byte for byte")
+    removed: int = Field(0, description="originals removed (--remove-old)")
+    failed: list[str] = Field(default_factory=list, description="objects that could not be read, copied or verified")
+    dry_run: bool = Field(False, description="--dry-run: nothing was copied")
 
 
 def _is_page_object(rest: str) -> bool:
@@ -515,7 +541,7 @@ def migrate_prefix(
             )
     with AdminClient(master, timeout=timeout_s) as admin:
         keys = [k for k in admin.get_all_keys() if k.startswith(source) and _is_page_object(k[len(source) :])]
-    report = MigrationReport(source, target, objects=len(keys), dry_run=dry_run)
+    report = MigrationReport(source_prefix=source, target_prefix=target, objects=len(keys), dry_run=dry_run)
     if dry_run or not keys:
         return report
     targets = [target + k[len(source) :] for k in keys]

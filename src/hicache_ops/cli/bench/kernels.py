@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,9 +17,12 @@ from hicache_ops.cli.common.options import (
     PageSizeOption,
     RepeatsOption,
 )
-from hicache_ops.cli.common.output import emit, reporting, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stdout
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.host_pool import LAYOUTS
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.bench.kernels import KernelBenchResult
 
 EXAMPLES = examples(
     "hicache bench kernels",
@@ -28,7 +31,8 @@ EXAMPLES = examples(
 )
 
 
-def _render(data: dict) -> None:
+def _render(result: KernelBenchResult) -> None:
+    data = json_data(result)
     g = data["geometry"]
     where = "1 CPU thread" if data["platform"] == "cpu" else data["device_name"]
     stdout.print(
@@ -131,4 +135,4 @@ def kernels(
             if "CUDA is not available" in str(exc):
                 raise InputError(str(exc), hint="Drop --device cuda, or run on a machine with a GPU.") from None
             raise
-        emit(result.to_json(), json_output, _render)
+        emit(result, json_output, _render)

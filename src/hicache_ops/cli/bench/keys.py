@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,33 +12,35 @@ from hicache_ops.cli.common.options import JsonOption, PageSizeOption, QuietOpti
 from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
 from hicache_ops.errors import InputError
 
+if TYPE_CHECKING:
+    from hicache_ops.commands.bench.key_throughput import KeyBenchResult
+
 EXAMPLES = examples(
     "hicache bench keys",
     "hicache bench keys --tokens 1048576 --page-size 16 --json",
 )
 
 
-def _render(data: dict) -> None:
+def _render(r: KeyBenchResult) -> None:
     stdout.print(
-        f"{data['tokens']:,} tokens, page size {data['page_size']}, median of {data['repeats']} interleaved runs "
-        f"(native loop: {'yes' if data['native'] else 'no'})",
+        f"{r.tokens:,} tokens, page size {r.page_size}, median of {r.repeats} interleaved runs "
+        f"(native loop: {'yes' if r.native else 'no'})",
     )
-    stdout.print(f"  hicache      {data['ours_tokens_per_s'] / 1e6:8.1f} M tokens/s")
-    if data["sglang_tokens_per_s"] is None:
-        stdout.print(f"  sglang       not measured: {data['sglang_error']}")
-        _render_interrupted(data)
+    stdout.print(f"  hicache      {r.ours_tokens_per_s / 1e6:8.1f} M tokens/s")
+    if r.sglang_tokens_per_s is None:
+        stdout.print(f"  sglang       not measured: {r.sglang_error}")
+        _render_interrupted(r)
         return
-    stdout.print(f"  sglang       {data['sglang_tokens_per_s'] / 1e6:8.1f} M tokens/s")
-    stdout.print(f"  ratio        {data['ratio']:8.2f}x  (hicache / sglang)")
+    stdout.print(f"  sglang       {r.sglang_tokens_per_s / 1e6:8.1f} M tokens/s")
+    stdout.print(f"  ratio        {r.ratio:8.2f}x  (hicache / sglang)")
     stdout.print("  same keys    yes (checked on every run)")
-    _render_interrupted(data)
+    _render_interrupted(r)
 
 
-def _render_interrupted(data: dict) -> None:
-    if data["interrupted"]:
+def _render_interrupted(r: KeyBenchResult) -> None:
+    if r.interrupted:
         stdout.print(
-            f"[bold yellow]interrupted after {data['repeats']} of {data['repeats_requested']} runs:[/] "
-            "the medians cover those runs"
+            f"[bold yellow]interrupted after {r.repeats} of {r.repeats_requested} runs:[/] the medians cover those runs"
         )
 
 
@@ -78,6 +80,6 @@ def keys(
             result = bench_page_keys(
                 tokens=tokens, page_size=page_size, repeats=repeats, progress=None if quiet else _Progress()
             )
-        emit(result.to_json(), json_output, _render)
+        emit(result, json_output, _render)
         if result.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)

@@ -25,7 +25,7 @@ from hicache_ops.cli.common.options import (
     check_plot_path,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
 from hicache_ops.errors import InputError
 
 EXAMPLES = examples(
@@ -314,9 +314,9 @@ def multiturn(
             return
         with interrupt.stop_on_signals():
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
-        data = result.to_json()
+        data = result.result()
         if plot is not None:
-            data["plot"] = plot_hit_rates(result, plot)
-        emit(data, json_output, _render)
+            data.plot = plot_hit_rates(result, plot)
+        emit(data, json_output, lambda r: _render(json_data(r)))
         if result.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +11,9 @@ from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import JsonOption, QuietOption, RepeatsOption
 from hicache_ops.cli.common.output import emit, native_stderr_to_file, reporting, stderr, stdout
 from hicache_ops.errors import InputError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.bench.store_throughput import StoreBenchResult
 
 EXAMPLES = examples(
     "hicache bench store",
@@ -33,29 +36,27 @@ def _label(objects: int, size: int) -> str:
     return f"{objects} x {size // 1024**2} MiB" if size % 1024**2 == 0 else f"{objects} x {size // 1024} KiB"
 
 
-def _render(data: dict) -> None:
+def _render(data: StoreBenchResult) -> None:
     rounds = (
-        f"the interleaved rounds finished of {data['rounds']}"
-        if data["interrupted"]
-        else f"{data['rounds']} interleaved rounds"
+        f"the interleaved rounds finished of {data.rounds}" if data.interrupted else f"{data.rounds} interleaved rounds"
     )
     stdout.print(f"store client vs raw Mooncake, same process, median of {rounds}")
-    for case in data["cases"]:
-        label = _label(case["objects"], case["object_bytes"])
+    for case in data.cases:
+        label = _label(case.objects, case.object_bytes)
         for phase, first in (("put", label), ("get", "")):
-            if case[f"{phase}_ratio"] is None:
+            if getattr(case, f"{phase}_ratio") is None:
                 stdout.print(f"  {first:<16} {phase}  not measured (interrupted)")
                 continue
-            rounds = case["rounds"] if phase == "put" else case["get_rounds"]
-            partial = f"  ({rounds} rounds)" if rounds != data["rounds"] else ""
+            rounds = case.rounds if phase == "put" else case.get_rounds
+            partial = f"  ({rounds} rounds)" if rounds != data.rounds else ""
+            ours, raw, ratio = (getattr(case, f"{phase}_{what}") for what in ("ours_gbps", "raw_gbps", "ratio"))
             stdout.print(
-                f"  {first:<16} {phase}  ours {case[f'{phase}_ours_gbps']:6.2f} GB/s  "
-                f"raw {case[f'{phase}_raw_gbps']:6.2f} GB/s  ratio {case[f'{phase}_ratio']:.3f}{partial}",
+                f"  {first:<16} {phase}  ours {ours:6.2f} GB/s  raw {raw:6.2f} GB/s  ratio {ratio:.3f}{partial}",
             )
-    verdict = "meets" if data["meets_goal"] else "misses"
-    stdout.print(f"  lowest ratio {data['min_ratio']:.3f} ({verdict} the goal {data['goal']})")
-    if data["interrupted"]:
-        measured = ", ".join(_label(c["objects"], c["object_bytes"]) for c in data["cases"])
+    verdict = "meets" if data.meets_goal else "misses"
+    stdout.print(f"  lowest ratio {data.min_ratio:.3f} ({verdict} the goal {data.goal})")
+    if data.interrupted:
+        measured = ", ".join(_label(c.objects, c.object_bytes) for c in data.cases)
         stdout.print(f"[bold yellow]interrupted after {measured}:[/] the figures cover the rounds finished")
 
 
@@ -100,5 +101,5 @@ def store(
         with interrupt.stop_on_signals(), native_stderr_to_file(None, "bench_store_mooncake.log"):
             data = bench_store(cases, rounds=repeats, progress=None if quiet else _Progress())
         emit(data, json_output, _render)
-        if data["interrupted"]:
+        if data.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)

@@ -33,17 +33,27 @@ JSON_EXTRAS: ContextVar[dict] = ContextVar("json_extras", default={})
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(json_data(data), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
-def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
-    """Print `data` as JSON, or hand it to `render` for people."""
+def json_data(result: Any) -> Any:
+    """The one JSON rendering of a command's result: a result model (hicache_ops/results.py) gives its
+    fields in declaration order; a plain dict or list (a command not yet typed) passes through."""
+    if hasattr(result, "model_dump"):
+        return result.model_dump(mode="json")
+    return result
+
+
+def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
+    """Print `result` as JSON (json_data, plus the fields a command wrapper adds), or hand it to
+    `render` for people."""
     if json_output:
+        data = json_data(result)
         extras = JSON_EXTRAS.get()
         print_json({**data, **extras} if extras and isinstance(data, dict) else data)
     else:
-        render(data)
+        render(result)
 
 
 # Human output shows this many rows of detail after its verdict; --all shows every row.

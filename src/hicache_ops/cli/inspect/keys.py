@@ -59,9 +59,11 @@ def _header(report: KeyReport, choice=None) -> None:
     stdout.print(f"key prefix {report.key_prefix or '(none)'}  namespace seed {report.namespace_seed or 'none'}")
     if choice is not None:
         stdout.print(f"side pools {choice.source_text}")
-    for pool in report.to_json()["pools"]:
-        window = f" (last {pool['trailing_pages']} page(s))" if pool["trailing_pages"] else ""
-        stdout.print(f"pool {pool['name']}  {pool['hit_policy']}{window}  {', '.join(pool['suffixes'])}")
+    from hicache_ops.commands.inspect.results import keys_result  # pydantic: not at --help time
+
+    for pool in keys_result(report).pools:
+        window = f" (last {pool.trailing_pages} page(s))" if pool.trailing_pages else ""
+        stdout.print(f"pool {pool.name}  {pool.hit_policy}{window}  {', '.join(pool.suffixes)}")
     _render_disagreements(choice)
 
 
@@ -158,10 +160,6 @@ def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
         stderr.print(f"[yellow]note:[/] {note}")
 
 
-def _with_choice(data: dict, choice) -> dict:
-    return data if choice is None else {**data, **choice.to_json()}
-
-
 @sglang_url_option(
     "sglang_version",
     "page_size",
@@ -230,6 +228,7 @@ def keys(
     --try-cache-salt look for other namespaces' keys there too.
     """
     with reporting(json_output):
+        from hicache_ops.commands.inspect.results import keys_result
         from hicache_ops.sglang.host_pool import check_layout_for
         from hicache_ops.sglang.side_pool_specs import combine_pools, preset
 
@@ -278,7 +277,7 @@ def keys(
                 from hicache_ops.errors import InputError
 
                 raise InputError("--try-extra-key and --try-cache-salt need --master.")
-            emit(_with_choice(report.to_json(), choice), json_output, lambda _: _render(report, show_all, choice))
+            emit(keys_result(report, choice=choice), json_output, lambda _: _render(report, show_all, choice))
             return
         from hicache_ops.commands.inspect.live_diff import live_diff
         from hicache_ops.mooncake.admin import AdminClient
@@ -297,7 +296,7 @@ def keys(
                 report=report,
             )
         emit(
-            _with_choice(diff.merge_into(report.to_json()), choice),
+            keys_result(report, diff, choice),
             json_output,
             lambda _: _render_live(report, diff, show_all, choice),
         )

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
+from pydantic import Field
 
 from hicache_ops.kernels.checksum import device_page_checksums, host_page_checksums
 from hicache_ops.kernels.indexing import pages_to_tokens
 from hicache_ops.kernels.transfer import backup, load
+from hicache_ops.results import Result
 from hicache_ops.sglang.host_pool import (
     HEAD_DIM,
     HEADS_PER_RANK,
@@ -57,51 +58,52 @@ GPU_TARGET_LOOP = 3.0
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "uint8": torch.uint8}
 
 
-@dataclass
-class CaseResult:
-    attention: str
-    layout: str
-    direction: str
-    seconds: float
-    gb_per_s: float
-    ratio: float  # baseline time / case time: CPU contiguous copy, GPU one big memcpy
-    target: float | None = None
-    meets_target: bool | None = None
-    ratio_vs_page_loop: float | None = None  # GPU only: one cudaMemcpyAsync per page
-    meets_page_loop_target: bool | None = None
-    ratio_vs_chunk_loop: float | None = None  # GPU only: one per (page, layer, component)
-    sglang_seconds: float | None = None  # GPU only, when sgl_kernel imports
-    ratio_vs_sglang: float | None = None
-    sglang_error: str | None = None
+class CaseResult(Result):
+    attention: str = Field(description="`mha` or `mla`")
+    layout: str = Field(description="the host layout")
+    direction: str = Field(description="`backup` (device to host) or `load` (host to device)")
+    seconds: float = Field(description="the best run's seconds")
+    gb_per_s: float = Field(description="bytes moved / seconds, in GB/s")
+    ratio: float = Field(description="baseline time / case time: CPU a contiguous copy, GPU one big memcpy")
+    target: float | None = Field(None, description="the floor asked of this case, `null` when none")
+    meets_target: bool | None = Field(None, description="ratio >= target, `null` without a target")
+    ratio_vs_page_loop: float | None = Field(None, description="GPU only: vs one cudaMemcpyAsync per page")
+    meets_page_loop_target: bool | None = Field(None, description="GPU only: that ratio reaches its floor")
+    ratio_vs_chunk_loop: float | None = Field(
+        None, description="GPU only: vs one cudaMemcpyAsync per (page, layer, component)"
+    )
+    sglang_seconds: float | None = Field(None, description="GPU only, when sgl_kernel imports: SGLang's op")
+    ratio_vs_sglang: float | None = Field(None, description="SGLang's time / ours")
+    sglang_error: str | None = Field(None, description="why SGLang's op was not measured")
 
 
-@dataclass
-class ChecksumResult:
-    attention: str
-    where: str  # "device" or a host layout
-    seconds: float
-    gb_per_s: float
-    ratio: float  # contiguous copy time / checksum time for the same bytes
+class ChecksumResult(Result):
+    attention: str = Field(description="`mha` or `mla`")
+    where: str = Field(description='`"device"` or a host layout')
+    seconds: float = Field(description="the best run's seconds")
+    gb_per_s: float = Field(description="bytes checksummed / seconds, in GB/s")
+    ratio: float = Field(description="contiguous copy time / checksum time for the same bytes")
 
 
-@dataclass
-class KernelBenchResult:
-    platform: str
-    device_name: str
-    threads: int | None
-    geometry: dict
-    tokens: int
-    page_size: int
-    repeats: int
-    bytes_moved: dict  # attention -> bytes per transfer
-    baselines: dict  # attention -> CPU {"contiguous_s", ...}; GPU {"memcpy_*", "page_loop_*", "chunk_loop_*"}
-    cases: list[CaseResult] = field(default_factory=list)
-    checksums: list[ChecksumResult] = field(default_factory=list)
-    verified: bool = False
-    notes: list[str] = field(default_factory=list)
+class KernelBenchResult(Result):
+    """`hicache bench kernels --json`."""
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    platform: str = Field(description="`cpu` or `cuda`")
+    device_name: str = Field(description="the GPU's name, `cpu` on the CPU")
+    threads: int | None = Field(description="CPU threads used (1), `null` on a GPU")
+    geometry: dict = Field(description="layers, heads, head_dim, kv_cache_dim, dtype of one rank's slice")
+    tokens: int = Field(description="tokens per transfer (whole pages)")
+    page_size: int = Field(description="tokens per page")
+    repeats: int = Field(description="timed runs per case; the best counts")
+    bytes_moved: dict[str, int] = Field(description="attention kind -> bytes per transfer")
+    baselines: dict[str, dict] = Field(
+        description="attention kind -> the baselines' seconds and GB/s: CPU `contiguous_*`; GPU `memcpy_*`, "
+        "`page_loop_*`, `chunk_loop_*`"
+    )
+    cases: list[CaseResult] = Field(default_factory=list, description="one entry per attention, layout, direction")
+    checksums: list[ChecksumResult] = Field(default_factory=list, description="checksum speed per attention and place")
+    verified: bool = Field(False, description="every copy was verified by checksum")
+    notes: list[str] = Field(default_factory=list, description="comparisons skipped, and why")
 
 
 def _best(times: dict, name: str, seconds: float) -> None:
@@ -287,14 +289,14 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
             ratio = base / t
             result.cases.append(
                 CaseResult(
-                    kind,
-                    lay,
-                    direction,
-                    t,
-                    nbytes / t / 1e9,
-                    ratio,
-                    target,
-                    None if target is None else ratio >= target,
+                    attention=kind,
+                    layout=lay,
+                    direction=direction,
+                    seconds=t,
+                    gb_per_s=nbytes / t / 1e9,
+                    ratio=ratio,
+                    target=target,
+                    meets_target=None if target is None else ratio >= target,
                 )
             )
         for kind in kinds:
@@ -304,7 +306,9 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
             dev, hosts = pools[kind]
             for where in ("device", *hosts):
                 t = times[f"{kind}/checksum/{where}"]
-                result.checksums.append(ChecksumResult(kind, where, t, nbytes / t / 1e9, base / t))
+                result.checksums.append(
+                    ChecksumResult(attention=kind, where=where, seconds=t, gb_per_s=nbytes / t / 1e9, ratio=base / t)
+                )
             for lay, host in hosts.items():
                 verified &= _verify(kind, lay, dev, host, dev_pages, host_pages, page_size, "cpu")
         result.verified = verified
@@ -517,7 +521,14 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
         loop = times[f"{kind}/loop/{direction}"]
         ratio = memcpy / t
         case = CaseResult(
-            kind, lay, direction, t, nbytes / t / 1e9, ratio, GPU_TARGET_MEMCPY, ratio >= GPU_TARGET_MEMCPY
+            attention=kind,
+            layout=lay,
+            direction=direction,
+            seconds=t,
+            gb_per_s=nbytes / t / 1e9,
+            ratio=ratio,
+            target=GPU_TARGET_MEMCPY,
+            meets_target=ratio >= GPU_TARGET_MEMCPY,
         )
         case.ratio_vs_page_loop = times[f"{kind}/pages/{direction}"] / t
         case.meets_page_loop_target = case.ratio_vs_page_loop >= GPU_TARGET_LOOP if page_size <= 16 else None
@@ -548,7 +559,9 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
             _cuda_time(lambda dv=dev: device_page_checksums(dv, dev_pages.to(cuda), page_size=page_size, unit="page")),
         )
         base = min(times[f"{kind}/memcpy/backup"], times[f"{kind}/memcpy/load"])
-        result.checksums.append(ChecksumResult(kind, "device", t, nbytes / t / 1e9, base / t))
+        result.checksums.append(
+            ChecksumResult(attention=kind, where="device", seconds=t, gb_per_s=nbytes / t / 1e9, ratio=base / t)
+        )
         for lay in _layouts_for(kind, layouts):
             verified &= _verify(
                 kind, lay, dev, hosts[lay], dev_pages.to(cuda), host_pages.to(cuda), page_size, "triton"

@@ -14,64 +14,37 @@ import statistics
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.errors import CheckFailed
+from hicache_ops.results import Result
 from hicache_ops.sglang.page_keys import native_available, page_keys
 from hicache_ops.sglang.versions import V0_5_23
 
 
-@dataclass
-class KeyBenchResult:
-    tokens: int
-    page_size: int
-    repeats: int  # runs requested; the medians cover len(ours_seconds) of them
-    ours_seconds: list[float]
-    sglang_seconds: list[float] | None
-    sglang_error: str | None
-    native: bool
-    interrupted: bool = False
+class KeyBenchResult(Result):
+    """`hicache bench keys --json`."""
 
-    @property
-    def runs_done(self) -> int:
-        return len(self.ours_seconds)
-
-    @property
-    def ours_tokens_per_s(self) -> float:
-        return self.tokens / statistics.median(self.ours_seconds)
-
-    @property
-    def sglang_tokens_per_s(self) -> float | None:
-        if self.sglang_seconds is None:
-            return None
-        return self.tokens / statistics.median(self.sglang_seconds)
-
-    @property
-    def ratio(self) -> float | None:
-        theirs = self.sglang_tokens_per_s
-        return None if theirs is None else self.ours_tokens_per_s / theirs
-
-    def to_json(self) -> dict:
-        return {
-            "tokens": self.tokens,
-            "page_size": self.page_size,
-            "repeats": self.runs_done,
-            "repeats_requested": self.repeats,
-            "interrupted": self.interrupted,
-            "statistic": "median",
-            "native": self.native,
-            "ours_tokens_per_s": self.ours_tokens_per_s,
-            "sglang_tokens_per_s": self.sglang_tokens_per_s,
-            "ratio": self.ratio,
-            "ours_seconds": self.ours_seconds,
-            "sglang_seconds": self.sglang_seconds,
-            # Only a run whose keys matched is reported (see require_same_keys).
-            "same_keys": True if self.sglang_seconds is not None else None,
-            "sglang_error": self.sglang_error,
-        }
+    tokens: int = Field(description="tokens hashed per run (whole pages)")
+    page_size: int = Field(description="tokens per page")
+    repeats: int = Field(description="runs finished: the medians cover these")
+    repeats_requested: int = Field(description="runs asked for (--repeats)")
+    interrupted: bool = Field(description="a stop request ended the runs early")
+    statistic: Literal["median"] = Field("median", description="how the runs are summarised")
+    native: bool = Field(description="our native page-hash loop was used")
+    ours_tokens_per_s: float = Field(description="hicache's page keys, tokens per second (median run)")
+    sglang_tokens_per_s: float | None = Field(description="SGLang's get_hash_str, `null` when it could not run")
+    ratio: float | None = Field(description="ours / SGLang's, `null` without SGLang")
+    ours_seconds: list[float] = Field(description="each run's seconds, ours")
+    sglang_seconds: list[float] | None = Field(description="each run's seconds, SGLang's")
+    same_keys: bool | None = Field(
+        description="both sides computed the same keys (only such a run is reported); `null` without SGLang"
+    )
+    sglang_error: str | None = Field(description="why SGLang's side did not run, else `null`")
 
 
 def _sglang_get_hash_str():
@@ -157,13 +130,20 @@ def bench_page_keys(
             f"bench keys stopped on {interrupt.reason()} before its first run ended: nothing was measured."
         )
 
+    ours_rate = n / statistics.median(ours_seconds)
+    sglang_rate = n / statistics.median(sglang_seconds) if get_hash_str is not None else None
     return KeyBenchResult(
         tokens=n,
         page_size=page_size,
-        repeats=repeats,
+        repeats=len(ours_seconds),
+        repeats_requested=repeats,
+        interrupted=interrupted,
+        native=native_available(),
+        ours_tokens_per_s=ours_rate,
+        sglang_tokens_per_s=sglang_rate,
+        ratio=None if sglang_rate is None else ours_rate / sglang_rate,
         ours_seconds=ours_seconds,
         sglang_seconds=sglang_seconds if get_hash_str is not None else None,
+        same_keys=True if get_hash_str is not None else None,
         sglang_error=error,
-        native=native_available(),
-        interrupted=interrupted,
     )

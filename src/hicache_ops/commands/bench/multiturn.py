@@ -18,11 +18,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pydantic import Field
+
 from hicache_ops import interrupt
 from hicache_ops.commands.bench.multiturn_config_run import ConfigRun, Progress, run_config
 from hicache_ops.commands.bench.multiturn_workers import available_cpus, run_parallel
 from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS, MultiturnSpec, workload_tokens
 from hicache_ops.errors import InputError
+from hicache_ops.results import Result
 
 # ---------------------------------------------------------------------------------------------
 # Three configurations side by side
@@ -80,7 +83,7 @@ class MultiturnResult:
             out[name] = {"predicted": predicted.get(name), "leaves_ceiling": leaves, "zero_from": zero_from}
         return out
 
-    def to_json(self) -> dict:
+    def result(self) -> MultiturnReport:
         spec = self.spec
         rounds = []
         for r in range(self.rounds_reported):
@@ -129,10 +132,10 @@ class MultiturnResult:
                 "waves": run.waves,
                 "rounds_done": run.rounds_done,
             }
-        return {
-            "mode": self.mode,
-            "workload": spec.to_json(),
-            "pools": {
+        return MultiturnReport(
+            mode=self.mode,
+            workload=spec.to_json(),
+            pools={
                 "device_pages": spec.device_pages,
                 "device_tokens": spec.device_tokens,
                 "l1_rounds": spec.l1_rounds_effective,
@@ -141,17 +144,46 @@ class MultiturnResult:
                 "hicache_ratio": spec.hicache_ratio,
                 "write_policy": spec.write_policy,
             },
-            "rounds": rounds,
-            "prompt_tokens": total_prompt,
-            "prefilled_tokens": prefilled,
-            "cliffs": self.cliffs(),
-            "configurations": configurations,
-            "workers": self.workers,
-            "wall_s": self.wall_s,
-            "in_flight_rule": _in_flight_rule(spec),
-            "interrupted": self.interrupted,
-            "rounds_totalled": self.rounds_totalled,
-        }
+            rounds=rounds,
+            prompt_tokens=total_prompt,
+            prefilled_tokens=prefilled,
+            cliffs=self.cliffs(),
+            configurations=configurations,
+            workers=self.workers,
+            wall_s=self.wall_s,
+            in_flight_rule=_in_flight_rule(spec),
+            interrupted=self.interrupted,
+            rounds_totalled=self.rounds_totalled,
+        )
+
+
+class MultiturnReport(Result):
+    """`hicache bench multiturn --json`."""
+
+    omit_if_none = ("plot",)
+
+    mode: str = Field(description="`accounting` (the engine's bookkeeping only) or `real` (bytes moved)")
+    workload: dict = Field(description="the workload: clients, rounds, new and output tokens, page size, seed, ...")
+    pools: dict = Field(description="L1 and L2 sizes in pages and tokens, hicache_ratio, write_policy")
+    rounds: list[dict] = Field(
+        description="per round: `round`, `prompt_tokens`, `ceiling`, `ceiling_paged`, each configuration's hit "
+        "rate (`null` when not run) and `prefilled_tokens` per configuration"
+    )
+    prompt_tokens: int = Field(description="prompt tokens over the rounds totalled")
+    prefilled_tokens: dict[str, int] = Field(description="tokens prefilled per configuration, and at the ceiling")
+    cliffs: dict[str, dict] = Field(
+        description="per configuration: the `predicted` cliff, the round it `leaves_ceiling`, and `zero_from`"
+    )
+    configurations: dict[str, dict] = Field(
+        description="per configuration (`l1`, `l1_l2`, `l1_l2_l3`): pool pages, hit tokens per tier, bytes per "
+        "direction, evictions, prefetches, timings, rounds_done"
+    )
+    workers: int = Field(description="processes the configurations ran in")
+    wall_s: float = Field(description="the run's wall-clock seconds")
+    in_flight_rule: str = Field(description="the in-flight prefetch limit SGLang applies to these pools")
+    interrupted: bool = Field(description="a stop request ended the run early")
+    rounds_totalled: int = Field(description="rounds every configuration finished: the totals cover these")
+    plot: str | None = Field(None, description="with --plot: the image written")
 
 
 def _in_flight_rule(spec: MultiturnSpec) -> str:

@@ -16,8 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import Field
+
 from hicache_ops import interrupt
 from hicache_ops.errors import CheckFailed, InputError
+from hicache_ops.results import Result
 
 DEFAULT_CASES: tuple[tuple[int, int], ...] = ((256, 256 * 1024), (64, 4 * 1024 * 1024))
 GOAL = 0.95
@@ -43,28 +46,54 @@ class CaseResult:
         """None for a phase an interrupt left without a timed round."""
         return self.nbytes / statistics.median(times) / 1e9 if times else None
 
-    def to_json(self) -> dict:
+    def result(self) -> StoreCase:
         put_ours, put_raw = self._gbps(self.put_ours_s), self._gbps(self.put_raw_s)
         get_ours, get_raw = self._gbps(self.get_ours_s), self._gbps(self.get_raw_s)
-        return {
-            "objects": self.count,
-            "object_bytes": self.size,
-            "batch_bytes": self.nbytes,
-            "rounds": len(self.put_ours_s),
-            "get_rounds": len(self.get_ours_s),
-            "put_ours_gbps": put_ours,
-            "put_raw_gbps": put_raw,
-            "put_ratio": put_ours / put_raw if put_ours is not None else None,
-            "get_ours_gbps": get_ours,
-            "get_raw_gbps": get_raw,
-            "get_ratio": get_ours / get_raw if get_ours is not None else None,
-        }
+        return StoreCase(
+            objects=self.count,
+            object_bytes=self.size,
+            batch_bytes=self.nbytes,
+            rounds=len(self.put_ours_s),
+            get_rounds=len(self.get_ours_s),
+            put_ours_gbps=put_ours,
+            put_raw_gbps=put_raw,
+            put_ratio=put_ours / put_raw if put_ours is not None else None,
+            get_ours_gbps=get_ours,
+            get_raw_gbps=get_raw,
+            get_ratio=get_ours / get_raw if get_ours is not None else None,
+        )
+
+
+class StoreCase(Result):
+    objects: int = Field(description="objects per batch")
+    object_bytes: int = Field(description="bytes per object")
+    batch_bytes: int = Field(description="bytes per batch")
+    rounds: int = Field(description="timed put rounds finished")
+    get_rounds: int = Field(description="timed get rounds finished")
+    put_ours_gbps: float | None = Field(description="our batch_put_from, GB/s (median round)")
+    put_raw_gbps: float | None = Field(description="raw MooncakeDistributedStore.batch_put_from, GB/s")
+    put_ratio: float | None = Field(description="ours / raw for puts; `null` when no put round finished")
+    get_ours_gbps: float | None = Field(description="our batch_get_into, GB/s (median round)")
+    get_raw_gbps: float | None = Field(description="raw batch_get_into, GB/s")
+    get_ratio: float | None = Field(description="ours / raw for gets; `null` when no get round finished")
+
+
+class StoreBenchResult(Result):
+    """`hicache bench store --json`."""
+
+    rounds: int = Field(description="timed rounds asked for per case and phase (--repeats)")
+    segment_bytes: int = Field(description="bytes of the segment the client mounted")
+    cases: list[StoreCase] = Field(description="one entry per case measured")
+    min_ratio: float = Field(description="the lowest ratio over every case and phase")
+    goal: float = Field(description="the ratio a run should reach")
+    meets_goal: bool = Field(description="min_ratio >= goal")
+    interrupted: bool = Field(description="a stop request ended the rounds early")
 
 
 def bench_store(
     cases: Sequence[tuple[int, int]] = DEFAULT_CASES, *, rounds: int = 21, progress: RoundProgress | None = None
-) -> dict:
-    """Measure every (objects, bytes per object) case; returns JSON-ready results with ratios.
+) -> StoreBenchResult:
+    """Measure every (objects, bytes per object) case, with ratios.
     `progress` hears of each timed round."""
     import numpy as np
 
@@ -156,19 +185,19 @@ def bench_store(
                 client.remove_prefix(f"{tag}get/", force=True)
         finally:
             client.close()
-    cases_json = [r.to_json() for r in results if r.put_ours_s]
+    cases_json = [r.result() for r in results if r.put_ours_s]
     if not cases_json:  # stopped before any timed round: no figure to report
         raise interrupt.Interrupted(
             f"bench store stopped on {interrupt.reason()} before its first timed round ended: nothing was measured."
         )
-    ratios = [c[k] for c in cases_json for k in ("put_ratio", "get_ratio") if c[k] is not None]
+    ratios = [r for c in cases_json for r in (c.put_ratio, c.get_ratio) if r is not None]
     worst = min(ratios)
-    return {
-        "rounds": rounds,
-        "segment_bytes": segment,
-        "cases": cases_json,
-        "min_ratio": worst,
-        "goal": GOAL,
-        "meets_goal": worst >= GOAL,
-        "interrupted": interrupted,
-    }
+    return StoreBenchResult(
+        rounds=rounds,
+        segment_bytes=segment,
+        cases=cases_json,
+        min_ratio=worst,
+        goal=GOAL,
+        meets_goal=worst >= GOAL,
+        interrupted=interrupted,
+    )

@@ -20,15 +20,6 @@ class PageRow:
     # The pool of each object ("kv" for the main pool), parallel to object_keys.
     object_pools: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        return {
-            "index": self.index,
-            "start": self.start,
-            "end": self.end,
-            "page_key": self.page_key,
-            "object_keys": self.object_keys,
-        }
-
 
 @dataclass
 class KeyReport:
@@ -48,25 +39,6 @@ class KeyReport:
     @property
     def object_keys(self) -> list[str]:
         return [key for page in self.pages for key in page.object_keys]
-
-    def to_json(self) -> dict:
-        return {
-            "sglang_version": self.sglang_version,
-            "page_size": self.page_size,
-            "extra_key": self.extra_key,
-            "cache_salt": self.cache_salt,
-            "namespace_seed": self.namespace_seed,
-            "key_prefix": self.key_prefix,
-            "prompt_tokens": self.prompt_tokens,
-            "trailing_tokens": self.trailing_tokens,
-            "ranks": self.ranks,
-            "pages": [page.to_json() for page in self.pages],
-            "notes": self.notes,
-            "pools": [
-                pool.to_json(list(dict.fromkeys(s for rank in self.ranks for s in rank["pools"][pool.name])))
-                for pool in self.pools
-            ],
-        }
 
 
 def expected_keys(

@@ -43,21 +43,6 @@ class LiveDiff:
     def complete(self) -> bool:
         return self.first_missing is None
 
-    def merge_into(self, report_json: dict) -> dict:
-        """The inspect-keys JSON with the live fields added (nothing removed or renamed)."""
-        for page, present in zip(report_json["pages"], self.present):
-            page["present"] = present
-        report_json["master"] = self.master
-        report_json["contiguous_pages"] = self.contiguous_pages
-        report_json["first_missing"] = self.first_missing
-        report_json["diagnosis"] = self.diagnosis
-        report_json["store_keys"] = self.store_keys
-        report_json["kv_contiguous_pages"] = self.kv_contiguous_pages
-        if self.pool_hit_pages is not None:
-            report_json["restorable_prefix_pages"] = self.restorable_prefix_pages
-            report_json["pool_hit_pages"] = self.pool_hit_pages
-        return report_json
-
 
 def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[list[bool]]) -> LoadablePrefix:
     """SGLang's batch_exists_v2 over every selected rank (hit_policy.loadable_prefix) from the

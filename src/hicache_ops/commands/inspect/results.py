@@ -1,0 +1,120 @@
+"""The result model of `hicache inspect keys` (its --json), built from a KeyReport, the live diff
+(--master) and the side-pool choice (--sglang-url)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hicache_ops.results import Result
+
+
+class KeyPage(Result):
+    omit_if_none = ("present",)
+
+    index: int = Field(description="the page's position in the prompt, from 0")
+    start: int = Field(description="first token of the page")
+    end: int = Field(description="token after the page: the span is [start, end)")
+    page_key: str = Field(description="the 64-hex page key")
+    object_keys: list[str] = Field(description="every object key of every selected rank")
+    present: list[bool] | None = Field(
+        None, description="with --master: one bool per object_keys entry, whether the master holds it"
+    )
+
+
+class SidePool(Result):
+    name: str = Field(description="SGLang's pool name")
+    suffixes: list[str] = Field(description="the pool's object suffixes over every selected rank")
+    hit_policy: str = Field(description="how SGLang counts the pool's hit pages")
+    trailing_pages: int | None = Field(description="pages a trailing-pages pool reads, else `null`")
+
+
+class InspectKeysResult(Result):
+    """`hicache inspect keys --json`."""
+
+    omit_with = {
+        "master": ("contiguous_pages", "first_missing", "diagnosis", "store_keys", "kv_contiguous_pages"),
+        "pool_hit_pages": ("restorable_prefix_pages",),
+        "pool_source": ("l3_layout", "pool_disagreements"),
+    }
+
+    sglang_version: str = Field(description="the key scheme used (`0.5.14` or `0.5.23`)")
+    page_size: int = Field(description="tokens per page")
+    extra_key: str | None = Field(description="the namespace's extra_key after SGLang's normalisation")
+    cache_salt: str | None = Field(description='the cache_salt after normalisation (`""` is no salt)')
+    namespace_seed: str | None = Field(
+        description="hex digest the 0.5.23 chain starts from; `null` without extra_key/cache_salt and for 0.5.14"
+    )
+    key_prefix: str = Field(description='what precedes every page key in object keys (`""` when none)')
+    prompt_tokens: int = Field(description="tokens in the prompt")
+    trailing_tokens: int = Field(description="tokens after the last whole page: no object is written for them")
+    ranks: list[dict] = Field(
+        description="each writing rank: `tp_rank`, `pp_rank`, `dcp_rank`, its object `suffixes` and each side "
+        "pool's (`pools`)"
+    )
+    pages: list[KeyPage] = Field(description="one entry per whole page")
+    notes: list[str] = Field(description="plain-language remarks (dropped trailing tokens, ignored salts, MLA)")
+    pools: list[SidePool] = Field(description="the side pools whose objects follow the KV's on every page")
+    master: str | None = Field(None, description="with --master: the admin address asked")
+    contiguous_pages: int | None = Field(
+        None, description="what SGLang's batch_exists(_v2) returns: the leading pages loadable on every rank"
+    )
+    first_missing: str | None = Field(None, description="the object key that ends the prefix, `null` when complete")
+    diagnosis: list[dict] | None = Field(
+        None, description="`[{kind, message, hint, ...}]` why the prefix is short; empty when complete"
+    )
+    store_keys: int | None = Field(None, description="keys the master listed when a diagnosis needed the listing")
+    kv_contiguous_pages: int | None = Field(None, description="batch_exists over the KV objects alone")
+    restorable_prefix_pages: list[int] | None = Field(None, description="0.5.23 with side pools")
+    pool_hit_pages: dict[str, int] | None = Field(None, description="with side pools: SGLang's per-pool hit pages")
+    pool_source: str | None = Field(
+        None, description='with --sglang-url: where the side pools came from (`"l3_layout"` or the flags)'
+    )
+    l3_layout: dict | None = Field(None, description="the server's L3 layout, with our key rule's disagreements")
+    pool_disagreements: list[dict] | None = Field(None, description="--pool flags that differ from the layout's")
+
+
+def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
+    """The JSON result of a KeyReport (key_listing.py), with the LiveDiff's fields (live_diff.py) when
+    the master was asked and the PoolChoice's (sglang/l3_layout.py) when --sglang-url chose the pools."""
+    present = diff.present if diff is not None else [None] * len(report.pages)
+    data = {
+        "sglang_version": report.sglang_version,
+        "page_size": report.page_size,
+        "extra_key": report.extra_key,
+        "cache_salt": report.cache_salt,
+        "namespace_seed": report.namespace_seed,
+        "key_prefix": report.key_prefix,
+        "prompt_tokens": report.prompt_tokens,
+        "trailing_tokens": report.trailing_tokens,
+        "ranks": report.ranks,
+        "pages": [
+            KeyPage(
+                index=page.index,
+                start=page.start,
+                end=page.end,
+                page_key=page.page_key,
+                object_keys=page.object_keys,
+                present=flags,
+            )
+            for page, flags in zip(report.pages, present, strict=False)
+        ],
+        "notes": report.notes,
+        "pools": [
+            pool.to_json(list(dict.fromkeys(s for rank in report.ranks for s in rank["pools"][pool.name])))
+            for pool in report.pools
+        ],
+    }
+    if diff is not None:
+        data |= {
+            "master": diff.master,
+            "contiguous_pages": diff.contiguous_pages,
+            "first_missing": diff.first_missing,
+            "diagnosis": diff.diagnosis,
+            "store_keys": diff.store_keys,
+            "kv_contiguous_pages": diff.kv_contiguous_pages,
+        }
+        if diff.pool_hit_pages is not None:
+            data |= {"restorable_prefix_pages": diff.restorable_prefix_pages, "pool_hit_pages": diff.pool_hit_pages}
+    if choice is not None:
+        data |= choice.to_json()
+    return InspectKeysResult(**data)

@@ -1,0 +1,43 @@
+"""The base of every command's result model: what `--json` prints is the model's fields, in order.
+
+A command's library code returns one `Result` (a pydantic model declared next to it); the CLI prints
+it with `hicache_ops.cli.common.output.emit`, as JSON (`json_data`) or through the command's
+renderer. Each field's `description` is its entry in the generated reference (docs/cli/, written by
+scripts/gen_cli_docs.py), so a field documents itself where it is declared.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+
+class Result(BaseModel):
+    """A command's result (or a part of one): plain JSON fields, none left undeclared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Fields left out of the JSON while they are None: those an option adds (--sglang-url's
+    # server_disagreements), so the JSON without that option keeps its shape.
+    omit_if_none: ClassVar[tuple[str, ...]] = ()
+    # field -> the fields that go with it: all are left out while that field is None (inspect keys'
+    # live fields, present only with --master).
+    omit_with: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def optional_fields(cls) -> set[str]:
+        """The fields an option adds: absent from the JSON without it."""
+        return set(cls.omit_if_none) | {f for key, rest in cls.omit_with.items() for f in (key, *rest)}
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> Any:
+        data = handler(self)
+        for name in self.omit_if_none:
+            if data.get(name) is None:
+                data.pop(name, None)
+        for name, rest in self.omit_with.items():
+            if getattr(self, name) is None:
+                for field in (name, *rest):
+                    data.pop(field, None)
+        return data

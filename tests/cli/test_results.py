@@ -1,0 +1,74 @@
+"""Result models (hicache_ops/results.py) print the JSON a command printed before it had one: the same
+fields in the same order, and the fields an option adds absent without that option."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import Field
+
+from cli_runner import hicache
+from hicache_ops.cli.common.output import json_data
+from hicache_ops.results import Result
+
+KEYS_FIELDS = [
+    "sglang_version",
+    "page_size",
+    "extra_key",
+    "cache_salt",
+    "namespace_seed",
+    "key_prefix",
+    "prompt_tokens",
+    "trailing_tokens",
+    "ranks",
+    "pages",
+    "notes",
+    "pools",
+]
+
+
+class _Live(Result):
+    omit_if_none = ("extra",)
+    omit_with = {"master": ("found",)}
+
+    name: str = Field(description="a name")
+    extra: int | None = Field(None, description="added by an option")
+    master: str | None = Field(None, description="with --master")
+    found: int | None = Field(None, description="with --master, may be null")
+
+
+def test_fields_an_option_adds_are_absent_without_it():
+    assert json_data(_Live(name="a")) == {"name": "a"}
+    # found stays (as null) once master is there: only master's absence removes it.
+    assert json_data(_Live(name="a", master="m")) == {"name": "a", "master": "m", "found": None}
+    assert list(json_data(_Live(name="a", extra=0, master="m", found=3))) == ["name", "extra", "master", "found"]
+    assert _Live.optional_fields() == {"extra", "master", "found"}
+
+
+def test_inspect_keys_json_fields_and_order_without_master():
+    result = hicache(["inspect", "keys", "--tokens", ",".join(map(str, range(40))), "--page-size", "16", "--json"])
+    assert result.exit_code == 0, result.stdout
+    data = json.loads(result.stdout)
+    assert list(data) == KEYS_FIELDS
+    assert [list(page) for page in data["pages"]] == [["index", "start", "end", "page_key", "object_keys"]] * 2
+
+
+def test_inspect_keys_json_with_side_pools_keeps_pool_fields():
+    args = ["--tokens", ",".join(map(str, range(40))), "--page-size", "16", "--pool-preset", "gpt-oss", "--json"]
+    data = json.loads(hicache(["inspect", "keys", *args]).stdout)
+    assert list(data) == KEYS_FIELDS
+    assert data["pools"] and all(list(p) == ["name", "suffixes", "hit_policy", "trailing_pages"] for p in data["pools"])
+
+
+def test_help_loads_no_result_model():
+    """The result models (pydantic) load with the command that runs, not with `hicache --help`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runpy; sys.argv = ['hicache', '--help'];\n"
+        "try:\n    runpy.run_module('hicache_ops.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', [m for m in ('pydantic', 'hicache_ops.results') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "LOADED []" in out
