@@ -6,6 +6,9 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+# pytest-xdist workers (many tests wait on I/O: servers, masters, child processes). loadfile keeps
+# a module on one worker, so module fixtures and file-order tests hold; PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
 
@@ -45,7 +48,7 @@ sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
 TEST_TMP := $(CURDIR)/.cache/pytest
 test: install sglang-0.5.14
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
-	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS)
+	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The main job: the embedded tiered cache (L1/L2/L3 with a Mooncake master) on 127.0.0.1:18080.
 SERVE_ARGS ?=

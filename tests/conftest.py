@@ -10,6 +10,9 @@
 
     def test_z(fresh_mooncake_master):         # a master of the test's own (kill it, fill it, ...)
 
+    def test_v(shared_serve):                  # a `hicache serve` per session and argument set
+        serve = shared_serve("--device-tokens", "2048", ...)
+
     def test_w(fresh_mooncake_master, freeze_process):
         freeze_process(fresh_mooncake_master.pid)   # a silent master: SIGSTOP, resumed at teardown
 
@@ -72,6 +75,28 @@ def mooncake_segment_owner(mooncake_master):
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def shared_serve(tmp_path_factory):
+    """shared_serve(*args): a `hicache serve` started once per session (per xdist worker) and per
+    argument set, stopped at the end of the session. Modules with the same arguments share it:
+    their tests use prompts (token ranges, seeds) of their own. A test that kills or reconfigures
+    a serve, or needs an empty one, starts its own `Serve`."""
+    from serve_process import Serve
+
+    started: dict[tuple[str, ...], Serve] = {}
+
+    def get(*args: str) -> Serve:
+        if args not in started:
+            started[args] = Serve(tmp_path_factory.mktemp("shared-serve"), *args)
+        return started[args]
+
+    try:
+        yield get
+    finally:
+        for serve in started.values():
+            serve.stop()
 
 
 @pytest.fixture

@@ -18,11 +18,20 @@ HICACHE = str(Path(sys.executable).with_name("hicache"))
 
 class Serve:
     def __init__(self, tmp: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
         self.log_dir = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.output = tmp / "serve.out"  # a file, not a pipe: a full pipe would block the server
+        # free_port() closes its probe socket, so another process (an xdist worker, a master) can
+        # take the port before serve binds it: a serve that exits during start-up gets new ports.
+        for attempt in range(3):
+            if self._start(tmp, args, last=attempt == 2):
+                break
+        self.info = self.client.stats()["config"]
+
+    def _start(self, tmp: Path, args: tuple[str, ...], *, last: bool) -> bool:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         with open(self.output, "w") as out:
             self.proc = subprocess.Popen(
                 [HICACHE, "serve", "--port", str(self.port), "--log-dir", str(tmp), *args],
@@ -35,13 +44,16 @@ class Serve:
         while True:
             try:
                 self.client.health()
-                break
+                return True
             except UnreachableError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                exited = self.proc.poll() is not None
+                if exited and not last and "the port is in use" in self.output.read_text():
+                    self.client.close()
+                    return False
+                if exited or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"serve did not start: {self.output.read_text()}")
+                    raise RuntimeError(f"serve did not start: {self.output.read_text()}") from None
                 time.sleep(0.2)
-        self.info = self.client.stats()["config"]
 
     def stop(self) -> int:
         self.client.close()

@@ -183,9 +183,9 @@ def test_capacities_become_the_pools_operators_asked_for():
     assert tiers["l3"]["capacity_tokens"] == 2000000 // 64 * 64
     assert tiers["l1"]["capacity_bytes"] == tiers["l1"]["capacity_tokens"] * data["config"]["bytes_per_token"]
     parts = sum(tiers[t]["cached_tokens"] for t in ("l1", "l2", "l3"))
-    assert parts == data["cached_tokens"] == data["prefilled_tokens_saved"]
-    assert data["hit_rate"] == pytest.approx(parts / data["trace"]["prompt_tokens"])
-    assert data["cached_tokens"] + data["prefilled_tokens"] == data["trace"]["prompt_tokens"]
+    # The totals are sums of these same tiers (no check there); what can fail: no bounded cache
+    # hits more than the unbounded ceiling, computed apart from the engine (replay_baseline).
+    assert 0 < parts <= data["ceiling_cached_tokens"]
 
     ratio = run_json("--l1-tokens", "300000", "--hicache-ratio", "3", "--l3", "none")
     assert ratio["tiers"]["l2"]["capacity_tokens"] == (300000 // 64 * 64 * 3 // 64 + 1) * 64

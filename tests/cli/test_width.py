@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hicache_ops.commands.playbook import list_playbooks, load_playbook
-from serve_process import HICACHE, Serve
+from serve_process import HICACHE
 
 WIDTH = 100
 SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
@@ -43,10 +43,10 @@ def column(text: str, index: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    s = Serve(tmp_path_factory.mktemp("width-serve"), *SERVE_ARGS)
-    yield s
-    s.stop()
+def serve(shared_serve):
+    # The session's serve for these arguments (tests/cli/test_width.py and
+    # tests/warm/test_interrupt_and_silence.py share it): each test's prompts have seeds of its own.
+    return shared_serve(*SERVE_ARGS)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from hicache_ops.commands.inspect.key_listing import expected_keys
-from hicache_ops.commands.inspect.live_diff import loadable_prefix as inspect_loadable_prefix
 from hicache_ops.engine.builder import EngineSpec, build_accounting, build_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.store_client import StoreClient
@@ -72,18 +71,11 @@ def test_memory_l3_writes_one_mamba_state_per_node_and_answers_batch_exists_v2(v
     assert held == kv | {k for i, k in mamba if i in (HALF - 1, PAGES - 1)}
     assert cache.stats.l3_side_objects_written == 4
 
+    # (The inspect layer's loadable prefix calls the same hit_policy.loadable_prefix as the
+    # engine: comparing the two could not fail, so the prefixes are checked against the rule.)
     def both(present_keys: set[str]):
         cache.l3.objects = set(present_keys)
-        ours = cache.l3.lookup(keys)
-        present = [[k in present_keys for k in row.object_keys] for row in report.pages]
-        theirs = inspect_loadable_prefix(report, spec.deployment(), present)
-        assert (ours.pages, ours.kv_pages, ours.restorable, ours.pool_hit_pages) == (
-            theirs.pages,
-            theirs.kv_pages,
-            theirs.restorable,
-            theirs.pool_hit_pages,
-        )
-        return ours
+        return cache.l3.lookup(keys)
 
     everything = set(held)
     assert both(everything).pages == PAGES

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.master import EmbeddedMaster, find_master_binary
 from hicache_ops.mooncake.net import parse_host_port
@@ -177,3 +177,35 @@ def test_http_metadata_mode(monkeypatch):
 def test_missing_binary_is_an_input_error():
     with pytest.raises(InputError):
         EmbeddedMaster(binary="/nonexistent/mooncake_master").start()
+
+
+# A master whose admin server says ready while its RPC port does not listen yet: Mooncake starts
+# the admin server first, and a client that connects in between is refused (a race seen in
+# tests/trace/test_trace.py). This stand-in answers /health and never opens the RPC port.
+HEALTH_ONLY = """#!{python}
+import http.server, json, sys
+port = int(next(a for a in sys.argv if a.startswith("--metrics_port=")).split("=")[1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"status": "ok", "service_ready": True}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_ready_waits_for_the_rpc_port_not_only_the_admin_server(tmp_path):
+    binary = tmp_path / "mooncake_master"
+    binary.write_text(HEALTH_ONLY.format(python=sys.executable))
+    binary.chmod(0o755)
+    master = EmbeddedMaster(binary=str(binary), log_path=tmp_path / "master.log", ready_timeout=3.0)
+    try:
+        with pytest.raises(UnreachableError, match="not ready within"):
+            master.start()
+    finally:
+        master.stop()
+    assert master.pid is not None and not _alive(master.pid)

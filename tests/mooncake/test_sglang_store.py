@@ -23,8 +23,10 @@ from hicache_ops.mooncake.store_client import StoreClient
 PAGE = 16
 PAGES = 8
 TP = 2
-MODEL = "Qwen/Qwen3-0.6B"
-PREFIX = "Qwen-Qwen3-0.6B_"
+# A model name of this module's own: the session master is shared, and
+# test_sglang_store_shapes.py writes other shapes under the Qwen/Qwen3-0.6B prefix.
+MODEL = "hicache-tests/sglang-store"
+PREFIX = "hicache-tests-sglang-store_"
 
 
 def sglang_storage_keys(tokens, extra_key=None):

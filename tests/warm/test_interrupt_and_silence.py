@@ -16,7 +16,7 @@ from hicache_ops.commands.inspect.key_listing import expected_keys
 from hicache_ops.commands.warm import deployment_of_serve
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.tokens import read_prompts
-from serve_process import HICACHE, Serve
+from serve_process import HICACHE
 
 SERVE_ARGS = ("--device-tokens", "2048", "--page-size", "16", "--prefetch-threshold", "32")
 
@@ -34,10 +34,10 @@ SLACK = 5.0  # loose upper bound over --timeout for a loaded 2-core machine, not
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    s = Serve(tmp_path_factory.mktemp("interrupt-serve"), *SERVE_ARGS)
-    yield s
-    s.stop()
+def serve(shared_serve):
+    # The session's serve for these arguments (tests/cli/test_width.py and
+    # tests/warm/test_interrupt_and_silence.py share it): each test's prompts have seeds of its own.
+    return shared_serve(*SERVE_ARGS)
 
 
 def requests_served(serve) -> int:
