@@ -122,7 +122,9 @@ RESULT = {"url": f"http://127.0.0.1:{server.server_address[1]}", "version": vers
 """
 
 _PRELUDE_NEW = "import json, sys\nPAYLOAD = json.loads(sys.stdin.readline())\nRESULT = None\n"
-_EPILOGUE = '\nsys.stdout.write("\\n' + _MARKER + '" + json.dumps(RESULT) + "\\n")\nsys.stdout.flush()\nsys.stdin.readline()\n'
+_EPILOGUE = (
+    '\nsys.stdout.write("\\n' + _MARKER + '" + json.dumps(RESULT) + "\\n")\nsys.stdout.flush()\nsys.stdin.readline()\n'
+)
 
 
 @contextmanager

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from cli_runner import hicache
-from sglang_collectors import held_collectors
 from hicache_ops.commands.watch import Sampler, report
 from hicache_ops.mooncake.store_client import StoreClient
+from sglang_collectors import held_collectors
 
 STEP = {
     "requests": [[100, 20, 10, 30], [60, 0, 0, 12]],
@@ -94,9 +94,7 @@ def test_storage_hit_zero_while_prefetches_are_issued(served):
     assert rep["verdicts"][0]["severity"] == "critical"
 
 
-@pytest.mark.parametrize(
-    ("reason", "playbook"), [("deadline", "no-l3-hit"), ("anchor_lost", "recomputed-after-get")]
-)
+@pytest.mark.parametrize(("reason", "playbook"), [("deadline", "no-l3-hit"), ("anchor_lost", "recomputed-after-get")])
 def test_prefetch_unfulfilled_names_the_reason(served_new, reason, playbook):
     step = {"requests": [[100, 0, 0, 60]], "ranks": [{"fetched": 60, "issued": 100, "unfulfilled": {reason: 40}}] * 2}
     rep = window(served_new, step)
@@ -105,7 +103,10 @@ def test_prefetch_unfulfilled_names_the_reason(served_new, reason, playbook):
 
 
 def test_unfulfilled_below_the_share_is_no_verdict(served_new):
-    step = {"requests": [[100, 0, 0, 90]], "ranks": [{"fetched": 90, "issued": 100, "unfulfilled": {"deadline": 10}}] * 2}
+    step = {
+        "requests": [[100, 0, 0, 90]],
+        "ranks": [{"fetched": 90, "issued": 100, "unfulfilled": {"deadline": 10}}] * 2,
+    }
     assert "prefetch_unfulfilled" not in kinds(window(served_new, step))
 
 
@@ -174,8 +175,19 @@ def test_cli_once_json_two_instances_and_master(served_new, mooncake_master):
         served_new.drive(requests=[[10, 10, 0, 0]])
         old.drive(requests=[[10, 0, 0, 10]])
         result = hicache(
-            ["watch", "--sglang-url", served_new.url, "--sglang-url", old.url, "--master",
-             mooncake_master.metrics_address, "--once", "--interval", "0.2", "--json"]
+            [
+                "watch",
+                "--sglang-url",
+                served_new.url,
+                "--sglang-url",
+                old.url,
+                "--master",
+                mooncake_master.metrics_address,
+                "--once",
+                "--interval",
+                "0.2",
+                "--json",
+            ]
         )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

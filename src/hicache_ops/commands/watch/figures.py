@@ -33,13 +33,18 @@ def figure(first: Sample | None, last: Sample, name: str, combine=sum, scale: fl
     return {"total": total, "delta": delta, "rate": delta / seconds if seconds > 0 else None}
 
 
+def _is_storage(source: str | None) -> bool:
+    return source is not None and (source == "storage" or source.startswith("storage_"))
+
+
 def _max(values) -> float:
     values = list(values)
     return max(values) if values else 0.0
 
 
 def rank_of(labels: Labels) -> dict[str, str]:
-    return {k: v for k, v in labels if k in RANK_LABELS}
+    have = dict(labels)
+    return {k: have[k] for k in RANK_LABELS if k in have}
 
 
 def _rank_key(rank: dict[str, str]) -> str:
@@ -84,7 +89,9 @@ def instance_figures(target: Target, sglang_version: str | None = None) -> dict:
         return figure(first, last, name, combine, scale, **match)
 
     prompt = fig("sglang:prompt_tokens_total")
-    tiers = {tier: fig("sglang:cached_tokens_total", cache_source=tier) for tier in TIERS}
+    tiers = {tier: fig("sglang:cached_tokens_total", cache_source=tier) for tier in ("device", "host")}
+    # 0.5.14 labels the L3 tier storage_<backend> (storage_mooncake), 0.5.23 storage.
+    tiers["storage"] = fig("sglang:cached_tokens_total", cache_source=_is_storage)
     basis = "window" if prompt["delta"] is not None else "since start"
     key = "delta" if basis == "window" else "total"
     for tier in TIERS:

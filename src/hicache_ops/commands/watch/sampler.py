@@ -25,11 +25,17 @@ class Sample:
     at: float
     values: dict[str, dict[Labels, float]]
 
-    def series(self, name: str, **match: str) -> dict[Labels, float]:
+    def series(self, name: str, **match) -> dict[Labels, float]:
+        """The label sets of `name` whose labels equal `match` (a callable value: a test of the label)."""
         found = self.values.get(name, {})
         if not match:
             return dict(found)
-        return {k: v for k, v in found.items() if all(dict(k).get(a) == b for a, b in match.items())}
+
+        def ok(labels: Labels) -> bool:
+            have = dict(labels)
+            return all(want(have.get(a)) if callable(want) else have.get(a) == str(want) for a, want in match.items())
+
+        return {k: v for k, v in found.items() if ok(k)}
 
     def has(self, name: str) -> bool:
         return name in self.values
