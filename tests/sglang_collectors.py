@@ -67,8 +67,9 @@ for r in range(1, tp_size):  # 0.5.23: one collector per rank would be one proce
 
 def drive(step):
     for prompt, device, host, st in step.get("requests", []):
+        details = {"device": device, "host": host, "storage": st, "storage_backend": "mooncake"}
         tok.observe_one_finished_request(tok_labels, prompt, 1, device + host + st, 0.1, False,
-                                         cached_tokens_details={"device": device, "host": host, "storage": st, "storage_backend": "mooncake"})
+                                         cached_tokens_details=details)
     for rank in range(tp_size):
         r = step.get("ranks", [{}] * tp_size)[rank]
         storage.labels = storage_labels(rank)
