@@ -84,6 +84,10 @@ def fetch_text(client, base: str, route: str, what: str, timeout: float) -> str:
         raise UnreachableError(
             f"nothing answers at {base} ({type(exc).__name__}): {what} is down or the address is wrong."
         ) from None
+    if response.status_code == 404 and what.startswith("the SGLang"):
+        raise UnreachableError(
+            f"{what} at {base} has no {route} (HTTP 404): SGLang serves it only with --enable-metrics."
+        )
     if response.status_code != 200:
         raise UnreachableError(f"{what} at {base} answered {route} with HTTP {response.status_code}.")
     return response.text
