@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hicache_ops.cli.common.help import examples
-from hicache_ops.cli.common.options import INPUT, OUTPUT, JsonOption, TimeoutOption
+from hicache_ops.cli.common.options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
 from hicache_ops.cli.common.output import emit, reporting, stdout
 
 EXAMPLES = examples(
@@ -84,15 +84,7 @@ def watch(
             "--sglang-url", metavar="URL", help="An SGLang server to scrape (repeatable).", rich_help_panel=INPUT
         ),
     ],
-    master: Annotated[
-        str | None,
-        typer.Option(
-            "--master",
-            metavar="HOST:PORT",
-            help="The Mooncake master's metrics address (mooncake_master --metrics_port).",
-            rich_help_panel=INPUT,
-        ),
-    ] = None,
+    master: MasterOption = None,
     sglang_version: Annotated[
         str | None,
         typer.Option(
