@@ -6,6 +6,7 @@ Each test drives known counts between two scrapes and checks watch's window figu
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,29 @@ def test_cli_bad_input_and_unreachable(args, code, fragment):
     assert result.exit_code == code, result.output
     error = json.loads(result.stdout)["error"]
     assert fragment in error["message"] and error["message"].count(". ") == 0
+
+
+def test_ctrl_c_stops_the_live_view_with_a_summary(served_new):
+    """The console script in live --json mode: SIGINT after its first report ends it, exit 0, with a summary."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    argv = [sys.executable, "-m", "hicache_ops.cli", "watch", "--sglang-url", served_new.url, "--interval", "0.2"]
+    proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        seen = ""
+        while '"rounds": 2' not in seen:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, err
+    assert '"stopped": "SIGINT"' in out, out[-500:]
