@@ -14,6 +14,7 @@ configuration that SGLang's `publish` installs, which must not leak into other t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -130,12 +131,14 @@ _EPILOGUE = (
 
 @contextmanager
 def _held_installed(script: str, payload, timeout: float = 300):
-    with tempfile.TemporaryFile() as errors:
+    # Importing SGLang sets up torch inductor: its cache folder is a temporary one, as for 0.5.14.
+    with tempfile.TemporaryFile() as errors, tempfile.TemporaryDirectory(prefix="sglang-inductor-") as inductor:
         proc = subprocess.Popen(
             [sys.executable, "-P", "-c", _PRELUDE_NEW + script + _EPILOGUE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errors,
+            env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor),
         )
         try:
             proc.stdin.write(json.dumps(payload).encode() + b"\n")

@@ -8,9 +8,9 @@ import sys
 import typer
 
 from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, warm
-from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
+from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
 from hicache_ops.cli.common.output import DEBUG_ENV, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
