@@ -97,3 +97,14 @@ def test_every_master_metric_named_is_exported_by_a_real_master(mooncake_master)
     assert len(named) >= 8
     assert named <= exported, named - exported
     assert set(MASTER_METRICS) <= exported, set(MASTER_METRICS) - exported
+
+
+def test_rules_fire_on_their_condition_and_not_without_it():
+    """promtool's rule unit tests (tests/watch/rules_test.yml): the version-skew alert fires while the
+    master sees no put and stays quiet once it does; the storage-hit alert names only the instance
+    without storage hits."""
+    tests = Path(__file__).with_name("rules_test.yml")
+    out = subprocess.run(
+        [promtool(), "test", "rules", tests.name], capture_output=True, text=True, timeout=120, cwd=tests.parent
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
