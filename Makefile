@@ -12,12 +12,14 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
 
-# Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
+# Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL;
+# promtool (Debian's prometheus) checks alerts/ and the dashboard's queries.
 system-deps:
 	@missing=""; \
 	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
 	[ -f /usr/include/openssl/sha.h ] || missing="$$missing libssl-dev"; \
 	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

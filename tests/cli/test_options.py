@@ -25,6 +25,9 @@ DIFFERENT_ON_PURPOSE = {
         "--sglang-url",
         "prefetch",
     ): "prefetch has no deployment options to fill: the serve's settings are compared with it",
+    ("--sglang-url", "watch"): "repeatable: the servers whose /metrics to scrape, not one deployment to read",
+    ("--sglang-version", "watch"): "the release whose metric meanings apply when /server_info does not say, "
+    "not a key scheme; no default (inferred from the exported names)",
     ("--sglang-url", "inspect store"): "inspect store has no deployment options to fill: the pools of the server's "
     "L3 layout are checked against the keys",
 }

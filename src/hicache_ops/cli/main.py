@@ -10,6 +10,7 @@ import typer
 from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, warm
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
+from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
 from hicache_ops.cli.common.output import DEBUG_ENV, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
@@ -64,6 +65,7 @@ app.command("prefetch", cls=HicacheCommand, epilog=prefetch.EXAMPLES)(prefetch.p
 app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
 app.add_typer(lab.app, name="lab")
+app.command("watch", cls=HicacheCommand, epilog=watch_command.EXAMPLES)(watch_command.watch)
 
 
 def run() -> None:
