@@ -27,6 +27,10 @@ INPUT = "Input"
 DEPLOYMENT = "Deployment"
 OUTPUT = "Output"
 
+# The most ranks a parallel size may name: far above any deployment, low enough that the keys, files
+# and pools one entry per rank stay small (a larger value is refused by the parser, exit 2).
+MAX_RANKS = 4096
+
 
 def _choices(name: str, values) -> type[StrEnum]:
     return StrEnum(name, [(value, value) for value in values])
@@ -264,6 +268,7 @@ TpSizeOption = Annotated[
         "--tp-size",
         help="Attention tensor-parallel size (SGLang --tp-size; --tp-size / --dp-size with DP attention).",
         metavar="N",
+        max=MAX_RANKS,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -275,6 +280,7 @@ DcpSizeOption = Annotated[
         "logical page (SGLang's page x dcp); the prefix names the topology and DCP rank d holds tokens i % dcp == d "
         "of every page, one object per shard (docs/keys.md#dcp).",
         metavar="N",
+        max=MAX_RANKS,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -291,7 +297,11 @@ TpRankOption = Annotated[
 PpSizeOption = Annotated[
     int,
     typer.Option(
-        "--pp-size", help="Pipeline-parallel size (SGLang --pp-size).", metavar="N", rich_help_panel=DEPLOYMENT
+        "--pp-size",
+        help="Pipeline-parallel size (SGLang --pp-size).",
+        metavar="N",
+        max=MAX_RANKS,
+        rich_help_panel=DEPLOYMENT,
     ),
 ]
 TpLcmSizeOption = Annotated[
@@ -432,6 +442,7 @@ PrefetchThresholdOption = Annotated[
         "--prefetch-threshold",
         help="Extra-config prefetch_threshold: fewest L3-hit tokens worth a prefetch.",
         metavar="TOKENS",
+        min=0,
         rich_help_panel=DEPLOYMENT,
     ),
 ]

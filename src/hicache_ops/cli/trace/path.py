@@ -246,6 +246,9 @@ def _spec(
         side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
     )
     spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
+    from hicache_ops.engine.builder import check_memory
+
+    check_memory(spec)
     return spec
 
 
