@@ -14,6 +14,7 @@ app = typer.Typer(
     cls=HicacheGroup,
     help="Several hosts on one machine (network namespaces, needs root): rehearse cross-host incidents.",
     no_args_is_help=True,
+    epilog=examples("sudo hicache lab up --hosts 3", "hicache lab status", "sudo hicache lab down"),
 )
 
 RunDirOption = Annotated[

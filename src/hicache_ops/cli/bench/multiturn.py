@@ -29,7 +29,7 @@ from hicache_ops.errors import InputError
 EXAMPLES = examples(
     "hicache bench multiturn --accounting-only",
     "hicache bench multiturn --clients 8 --rounds 12 --new-tokens 1024 --plot hit-rate.png",
-    "hicache bench multiturn --hicache-write-policy write_back --json",
+    "hicache bench multiturn --accounting-only --hicache-write-policy write_back --json",
 )
 
 

@@ -32,6 +32,18 @@ OUTPUT = "Output"
 MAX_RANKS = 4096
 
 
+def _at_most_ranks(ctx: typer.Context, param: typer.CallbackParam, value: int | None) -> int | None:
+    if value is not None and value > MAX_RANKS:
+        raise typer.BadParameter(f"{value} ranks is more than any deployment has (at most {MAX_RANKS}).")
+    return value
+
+
+def _not_negative(ctx: typer.Context, param: typer.CallbackParam, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise typer.BadParameter(f"{value} is negative; it counts tokens (0 or more).")
+    return value
+
+
 def _choices(name: str, values) -> type[StrEnum]:
     return StrEnum(name, [(value, value) for value in values])
 
@@ -268,7 +280,7 @@ TpSizeOption = Annotated[
         "--tp-size",
         help="Attention tensor-parallel size (SGLang --tp-size; --tp-size / --dp-size with DP attention).",
         metavar="N",
-        max=MAX_RANKS,
+        callback=_at_most_ranks,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -280,7 +292,7 @@ DcpSizeOption = Annotated[
         "logical page (SGLang's page x dcp); the prefix names the topology and DCP rank d holds tokens i % dcp == d "
         "of every page, one object per shard (docs/keys.md#dcp).",
         metavar="N",
-        max=MAX_RANKS,
+        callback=_at_most_ranks,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -300,7 +312,7 @@ PpSizeOption = Annotated[
         "--pp-size",
         help="Pipeline-parallel size (SGLang --pp-size).",
         metavar="N",
-        max=MAX_RANKS,
+        callback=_at_most_ranks,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -442,7 +454,7 @@ PrefetchThresholdOption = Annotated[
         "--prefetch-threshold",
         help="Extra-config prefetch_threshold: fewest L3-hit tokens worth a prefetch.",
         metavar="TOKENS",
-        min=0,
+        callback=_not_negative,
         rich_help_panel=DEPLOYMENT,
     ),
 ]

@@ -20,8 +20,8 @@ from hicache_ops.cli.common.options import (
 )
 
 EXAMPLES = examples(
-    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake "
-    "--disaggregation-ib-device mlx5_0' --env MOONCAKE_DEVICE=mlx5_0",
+    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake' "
+    "--env MOONCAKE_MASTER=10.0.0.5:50051 --env MOONCAKE_DEVICE=mlx5_0",
     "hicache te check --server-args @launch-flags.txt --config mooncake.json --json",
     "hicache te check --live --tcp",
 )
