@@ -21,6 +21,7 @@ EXAMPLE_URL = "http://127.0.0.1:18080"
 # What an example needs that this test does not provide: matched against the command text.
 NEEDS = [
     ("sudo ", "root and network namespaces (hicache lab)"),
+    ("hicache lab status", "a lab that is up (sudo hicache lab up)"),
     ("10.0.0.", "a real deployment's hosts"),
     ("--sglang-url", "an SGLang server"),
     ("--device cuda", "a CUDA GPU"),
@@ -84,7 +85,7 @@ def serve(tmp_path_factory):
 @pytest.mark.parametrize("command", RUNNABLE)
 def test_example_runs_as_pasted(command, workdir, serve):
     words = shlex.split(command.replace(EXAMPLE_URL, serve.url))
-    env = dict(os.environ)
+    env = {**os.environ, "HICACHE_SERVE": serve.url}  # the default --serve of the commands that take one
     while "=" in words[0]:  # a leading NAME=VALUE is the shell's environment for the command
         name, _, value = words.pop(0).partition("=")
         env[name] = value

@@ -239,3 +239,10 @@ def test_warm_refuses_a_prompt_larger_than_the_serve_device_pool_before_sending(
         assert after["stats"] == before["stats"] and after["stats"]["requests"] == 0
     finally:
         serve.stop()
+
+
+def test_hicache_serve_in_the_environment_is_the_default_serve(prompts):
+    url = f"http://127.0.0.1:{free_port()}"
+    for command in ("warm", "prefetch"):
+        proc = run(command, str(prompts), env={"HICACHE_SERVE": url})
+        assert proc.returncode == 3 and f"no hicache serve answers at {url} (connection refused)" in one_sentence(proc)

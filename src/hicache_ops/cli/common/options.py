@@ -191,7 +191,13 @@ MasterRpcOption = Annotated[
 ]
 ServeOption = Annotated[
     str,
-    typer.Option("--serve", help="URL of a running `hicache serve`.", metavar="URL", rich_help_panel=INPUT),
+    typer.Option(
+        "--serve",
+        help="URL of a running `hicache serve`.",
+        metavar="URL",
+        envvar="HICACHE_SERVE",
+        rich_help_panel=INPUT,
+    ),
 ]
 OptionalServeOption = Annotated[
     str | None,
