@@ -246,3 +246,25 @@ def test_hicache_serve_in_the_environment_is_the_default_serve(prompts):
     for command in ("warm", "prefetch"):
         proc = run(command, str(prompts), env={"HICACHE_SERVE": url})
         assert proc.returncode == 3 and f"no hicache serve answers at {url} (connection refused)" in one_sentence(proc)
+
+
+def test_warm_against_a_serve_whose_master_died_says_the_reason_health_knows(tmp_path, prompts):
+    import signal
+    import time
+
+    serve = Serve(tmp_path / "serve")
+    try:
+        os.kill(serve.info["master_pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60  # hang guard: the serve notices the exit at once
+        while serve.client.health()["status"] != "degraded":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        reason = serve.client.health()["reason"]
+        for _ in range(2):  # a rerun says the same
+            proc = run("warm", str(prompts), "--serve", serve.url)
+            sentence = one_sentence(proc)
+            assert proc.returncode == 3, sentence
+            assert f"has its L3 down: {reason.rstrip('.')}" in sentence
+            assert "--master" not in sentence and "start `hicache serve` again" in sentence
+    finally:
+        serve.stop()

@@ -180,6 +180,24 @@ def _verify(outcome: PromptOutcome, report, admin) -> None:
         outcome.first_missing = report.object_keys[flags.index(False)]
 
 
+def _check_l3_up(url: str, config: dict, l3: dict) -> None:
+    """A serve whose L3 is down cannot be warmed: say the reason its /health knows, not a guess
+    about the user's --master (the serve's own master is the one that went)."""
+    if l3.get("state") != "down":
+        return
+    reason = l3.get("reason") or "its Mooncake master stopped answering"
+    embedded = config.get("l3") == "embedded"
+    raise UnreachableError(
+        f"the serve at {url} has its L3 down: {reason.rstrip('.')}.",
+        hint=(
+            "The serve does not restart its embedded master: stop it and start `hicache serve` again "
+            "(the L3 starts empty)."
+            if embedded
+            else f"Bring the Mooncake master at {config.get('master_metrics_address')} back, then check the serve's /health."
+        ),
+    )
+
+
 def _check_fits_serve(prompts: Sequence[Prompt], config: dict) -> None:
     """The serve prefills a prompt whole in its device pool: one with more pages than the pool holds
     would fail there after its keys were hashed and queried, so it is refused before anything is sent."""
@@ -214,7 +232,9 @@ def warm_serve(
     with the serve's (model_name, extra_backend_tag, sglang_version)."""
     from hicache_ops.mooncake.admin import AdminClient
 
-    config = client.stats()["config"]
+    stats = client.stats()
+    config = stats["config"]
+    _check_l3_up(client.url, config, stats.get("l3") or {})
     for name, value in (expect or {}).items():
         if value is not None and config.get(name) != value:
             raise InputError(
