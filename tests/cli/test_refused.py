@@ -268,3 +268,16 @@ def test_warm_against_a_serve_whose_master_died_says_the_reason_health_knows(tmp
             assert "--master" not in sentence and "start `hicache serve` again" in sentence
     finally:
         serve.stop()
+
+
+def test_warm_to_a_pipe_starts_with_its_output_not_a_blank_line(tmp_path, prompts):
+    serve = Serve(tmp_path / "serve")
+    try:
+        proc = run("warm", str(prompts), "--serve", serve.url)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"warm {serve.url}") and not proc.stderr.startswith("\n"), (
+            proc.stdout,
+            proc.stderr,
+        )
+    finally:
+        serve.stop()
