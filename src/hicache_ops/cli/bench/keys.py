@@ -75,6 +75,11 @@ def keys(
 
         # The ids as int64 twice (numpy and SGLang's array) and the keys of every page, on each side.
         check_fits_in_memory(tokens * 16 + (tokens // page_size) * 2 * 200, f"--tokens {tokens}")
+        import logging
+
+        # SGLang builds its hash extension through torch, whose import warns "No CUDA runtime is found"
+        # on a CPU machine: noise on stderr for a benchmark that never uses CUDA.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         from hicache_ops import interrupt
         from hicache_ops.commands.bench.key_throughput import bench_page_keys
 
