@@ -38,3 +38,33 @@ class CheckFailed(HicacheError):
 
     exit_code = 1
     code = "check_failed"
+
+
+def transport_reason(exc: BaseException, timeout_s: float | None = None) -> str:
+    """Why a connection failed, in a few words a person can act on, never the peer's raw bytes.
+
+    Works on the exceptions of http.client, httpx and sockets alike (walks the cause chain): a
+    closed port reads "connection refused", a peer that does not speak HTTP "not an HTTP answer".
+    """
+    import errno
+
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 8:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    names = {type(e).__name__ for e in seen}
+    texts = " ".join(str(e) for e in seen).lower()
+    if any(isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED for e in seen):
+        return "connection refused"
+    if "connection refused" in texts:
+        return "connection refused"
+    if any(isinstance(e, TimeoutError) for e in seen) or any("Timeout" in n for n in names):
+        return f"no answer within {timeout_s:g} s" if timeout_s else "no answer in time"
+    if names & {"BadStatusLine", "LineTooLong", "RemoteProtocolError", "LocalProtocolError", "UnknownProtocol"}:
+        return "what answered is not an HTTP server"
+    if any(isinstance(e, (ConnectionResetError, BrokenPipeError)) for e in seen) or "RemoteDisconnected" in names:
+        return "the connection was dropped"
+    if any(isinstance(e, OSError) and getattr(e, "strerror", None) for e in seen):
+        return next(e.strerror for e in seen if isinstance(e, OSError) and e.strerror).lower()
+    return type(exc).__name__

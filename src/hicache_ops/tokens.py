@@ -36,7 +36,11 @@ def _check_ids(value: object, where: str) -> list[int]:
 
 def parse_token_list(text: str) -> list[int]:
     """Parse `--tokens 1,2,3` (commas and/or spaces)."""
-    pieces = [p for p in text.replace(",", " ").split()]
+    if "," in text and any(not part.strip() for part in text.split(",")):
+        raise InputError(
+            f"--tokens {text!r} has an empty item between commas; give ids such as 1,2,3 (no ,, and no trailing comma)."
+        )
+    pieces = text.replace(",", " ").split()
     if not pieces:
         raise InputError("--tokens is empty; give comma-separated token ids such as 1,2,3.")
     ids = []

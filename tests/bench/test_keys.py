@@ -51,3 +51,20 @@ def test_different_keys_are_refused():
 def test_bad_input_exits_2():
     result = hicache(["bench", "keys", "--tokens", "10", "--page-size", "64"])
     assert result.exit_code == 2 and "at least one page" in result.output
+
+
+def test_bench_keys_stderr_carries_no_torch_cuda_warning():
+    import os
+    import subprocess
+
+    from serve_process import HICACHE
+
+    proc = subprocess.run(
+        [HICACHE, "bench", "keys", "--tokens", "65536", "--repeats", "1", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "No CUDA runtime" not in proc.stderr and "cpp_extension" not in proc.stderr, proc.stderr

@@ -441,3 +441,23 @@ def test_whole_synthetic_trace_one_tier_of_3m_tokens():
     assert data["tiers"]["l1"]["evictions"] > 0 and data["tiers"]["l2"]["capacity_tokens"] == 0
     assert data["hit_rate_of_ceiling"] == pytest.approx(data["hit_rate"] / data["ceiling_hit_rate"])
     assert data["interrupted"] is False and data["wall_s"] > 0
+
+
+def test_sigterm_is_named_as_what_stopped_the_replay():
+    trace = shared_traces() / TRACE_NAME
+    args = ["--l1-tokens", "1000000", "--l2-tokens", "3000000", "--sweep", "l3", "3000000:48000000:20"]
+    proc = subprocess.Popen(
+        [HICACHE, "bench", "replay", str(trace), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        progress = proc.stderr.readline()
+        assert "replayed" in progress, progress
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        flat = " ".join(out.split())
+        assert "the figures cover the requests replayed before SIGTERM" in flat and "Ctrl-C" not in flat, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

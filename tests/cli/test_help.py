@@ -8,24 +8,24 @@ import shlex
 import pytest
 
 from cli_runner import hicache, leaf_commands
+from hicache_ops.cli.common.help import example_commands
 
 COMMANDS = sorted(leaf_commands())
-GROUPS = ["", "inspect", "bench", "trace", "playbook"]
-# cli/te.py is being split on another branch; its help gets examples and metavars after that merge.
-WIDE = {"COLUMNS": "240"}  # one example per line, unwrapped
+GROUPS = ["", "inspect", "bench", "trace", "playbook", "te", "lab"]
+WIDE = {"COLUMNS": "240"}
 TYPE_LABEL = re.compile(r"<(str|int|float|bool|list\[\w+\])>")
 
 
-def help_text(path: str) -> str:
-    result = hicache([*path.split(), "--help"], env=WIDE)
+def help_text(path: str, columns: int = 240) -> str:
+    result = hicache([*path.split(), "--help"], env={"COLUMNS": str(columns)})
     assert result.exit_code == 0, result.output
     return result.stdout
 
 
 def examples(text: str) -> list[str]:
-    _, found, after = text.partition("Examples")
+    found = example_commands(text)
     assert found, "no Examples section"
-    return [line.strip() for line in after.splitlines() if "hicache " in line]
+    return found
 
 
 @pytest.mark.parametrize("path", [p for p in COMMANDS])
@@ -33,6 +33,33 @@ def test_help_has_examples_of_this_command(path):
     lines = examples(help_text(path))
     assert 1 <= len(lines) <= 3, lines
     assert all(f"hicache {path}" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("path", GROUPS)
+def test_top_level_and_groups_have_examples_of_their_commands(path):
+    lines = examples(help_text(path))
+    assert 2 <= len(lines) <= 3, lines
+    assert all(f"hicache {path}".rstrip() in line for line in lines), lines
+    for line in lines:  # each one parses as the command it names
+        words = shlex.split(line)
+        words = words[words.index("hicache") + 1 :]
+        leaf = next(name for name in COMMANDS if words[: len(name.split())] == name.split())
+        leaf_commands()[leaf].make_context(leaf, words[len(leaf.split()) :])
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+@pytest.mark.parametrize("path", COMMANDS + GROUPS)
+def test_examples_never_wrap_inside_a_command(path, columns):
+    """Every line of Examples is a whole command or a backslash continuation of one: pasting the
+    section runs the commands as written, at 80 and at 100 columns."""
+    text = help_text(path, columns)
+    at_wide = examples(help_text(path))
+    section = text.partition("Examples")[2]
+    lines = [line.strip() for line in section.splitlines() if line.strip()]
+    for previous, line in zip(lines, lines[1:], strict=False):
+        if not line.startswith("hicache ") and not line.startswith("sudo ") and "hicache " not in line:
+            assert previous.endswith("\\"), f"wrapped inside a command at {columns} columns: {previous!r} / {line!r}"
+    assert example_commands(text) == at_wide
 
 
 @pytest.mark.parametrize("path", [p for p in COMMANDS])

@@ -86,7 +86,7 @@ def test_every_playbook_parses_and_the_required_ones_exist():
         "dtype-mismatch",
     }
     result = hicache(["playbook", "show", "no-l3-hit", "--json"])
-    assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 9
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 10
 
 
 def test_conditions():
@@ -123,14 +123,14 @@ def test_no_l3_hit_healthy_twice_and_served_locally(writer, reader_factory, tmp_
     with ServeClient(reader.url) as client:
         client.prefill(json.loads(open(p).read()))  # now it is local
     code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
-    assert code == 1 and finding(data) == "1. Served from L1/L2 first"
+    assert code == 1 and finding(data) == "2. Served from L1/L2 first"
 
 
 def test_never_written_prompt_is_diagnosed_the_same_twice_and_stays_unwritten(writer, reader_factory, tmp_path):
     reader = reader_factory()
     p = prompt(tmp_path)
     first = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
-    assert first[0] == 1 and finding(first[1]) == "9. Never written: DP routing or another instance holds it", first
+    assert first[0] == 1 and finding(first[1]) == "10. Never written: DP routing or another instance holds it", first
     assert run_book("no-l3-hit", "--serve", reader.url, "--prompt", p) == first
     assert reader.client.stats()["stats"]["l3_objects_written"] == 0
 
@@ -164,7 +164,11 @@ def test_bad_input_is_exit_2_before_any_check(tmp_path, args, fragment):
 
 def test_skipped_checks_name_real_options(writer, tmp_path):
     code, data = run_book("no-l3-hit", "--master", writer.info["master_metrics_address"], "--prompt", prompt(tmp_path))
-    assert code == 2 and data["error"]["message"] == "playbook no-l3-hit: no check can run without --serve.", data
+    skipped = [c for c in data["checks"] if c["status"] == "skipped"]
+    assert data["checks"][0]["status"] == "clear", data  # the master answers: L3 is up
+    assert skipped and all(c["note"] == "needs --serve" for c in skipped), data
+    code, data = run_book("no-l3-hit", "--prompt", prompt(tmp_path))
+    assert code == 2 and "no check can run without --master (or --serve), --serve." in data["error"]["message"], data
     code, data = run_book("master-unreachable", "--master", writer.info["master_metrics_address"])
     skipped = [c for c in data["checks"] if c["status"] == "skipped"]
     assert code == 0 and skipped and all(c["note"] == "needs --config" for c in skipped), data
@@ -173,17 +177,17 @@ def test_skipped_checks_name_real_options(writer, tmp_path):
 @pytest.mark.parametrize(
     "reader_args, tokens, namespace, expected",
     [
-        ((), 48, {}, "2. Below the prefetch threshold"),
+        ((), 48, {}, "3. Below the prefetch threshold"),
         (
             ("--hicache-storage-prefetch-policy", "timeout", "--inject-l3-latency-ms", "500"),
             160,
             {},
-            "3. best_effort or timeout cut the prefetch",
+            "4. best_effort or timeout cut the prefetch",
         ),
-        ((), 160, {"cache_salt": "tenant-a"}, "4. Namespace or salt mismatch"),
-        (("--sglang-version", "0.5.14"), 160, {}, "5. Mixed SGLang versions"),
-        (("--model-name", "other/model"), 160, {}, "6. Model-prefix or tag mismatch"),
-        (("--tp-size", "2"), 160, {}, "7. TP/PP rank mismatch"),
+        ((), 160, {"cache_salt": "tenant-a"}, "5. Namespace or salt mismatch"),
+        (("--sglang-version", "0.5.14"), 160, {}, "6. Mixed SGLang versions"),
+        (("--model-name", "other/model"), 160, {}, "7. Model-prefix or tag mismatch"),
+        (("--tp-size", "2"), 160, {}, "8. TP/PP rank mismatch"),
     ],
 )
 def test_no_l3_hit_findings(writer, reader_factory, tmp_path, reader_args, tokens, namespace, expected):
@@ -198,12 +202,12 @@ def test_no_l3_hit_findings(writer, reader_factory, tmp_path, reader_args, token
 def test_no_l3_hit_write_back_never_backed_up(reader_factory, tmp_path):
     reader = reader_factory("--hicache-write-policy", "write_back")
     code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", prompt(tmp_path))
-    assert code == 1 and finding(data) == "8. write_back never backed it up", data
+    assert code == 1 and finding(data) == "9. write_back never backed it up", data
 
 
 def test_no_l3_hit_never_written_anywhere(reader_factory, tmp_path):
     code, data = run_book("no-l3-hit", "--serve", reader_factory().url, "--prompt", prompt(tmp_path))
-    assert code == 1 and finding(data) == "9. Never written: DP routing or another instance holds it", data
+    assert code == 1 and finding(data) == "10. Never written: DP routing or another instance holds it", data
 
 
 # --- short storage hit ---------------------------------------------------------------------------
@@ -352,3 +356,30 @@ def test_te_not_reused_bad_server_args_exit_2_before_any_check(server_args, phra
     assert result.exit_code == 2, result.output
     data = json.loads(result.stdout)
     assert phrase in data["error"]["message"] and "checks" not in data
+
+
+def test_a_dead_master_is_the_first_finding_even_with_the_prompt_in_l1(tmp_path):
+    """The serve's embedded master is killed while the prompt is still in its L1: "L3 is down" comes
+    first (not "served from L1/L2"), twice in a row, and after a flush too (no wall of errors)."""
+    import os
+    import signal
+    import time
+
+    serve = Serve(tmp_path / "lone", *BASE)
+    try:
+        p = prompt(tmp_path, written_by=serve)  # in L1 and L3
+        os.kill(serve.info["master_pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60  # hang guard
+        while serve.client.health()["status"] != "degraded":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        first = run_book("no-l3-hit", "--serve", serve.url, "--prompt", p)
+        assert first[0] == 1 and finding(first[1]) == "1. L3 is down", first
+        assert "connection refused" in first[1]["finding"]["evidence"]["error.message"]
+        assert run_book("no-l3-hit", "--serve", serve.url, "--prompt", p) == first
+        with ServeClient(serve.url) as client:
+            client.flush()
+        after = run_book("no-l3-hit", "--serve", serve.url, "--prompt", p)
+        assert after == first and [c["status"] for c in after[1]["checks"]] == ["finding"]
+    finally:
+        serve.stop()

@@ -63,7 +63,7 @@ EXPECTED_FAILURE = {
     ("read", "salt-mismatch"): ("batch_exists", "cache_salt='tenant-a'"),
     ("read", "version-mismatch"): ("batch_exists", "prefix"),
     ("read", "below-threshold"): ("prefetch decision", "threshold"),
-    ("read", "write-back-no-eviction"): ("batch_exists", "first missing object"),
+    ("read", "write-back-no-eviction"): ("batch_exists", "write_back copies a page to host and L3 only when"),
     ("read", "prefetch-timeout"): ("stop policy", "budget"),
     ("read", "corrupted-object"): ("batch_get_into", "corrupted"),
     ("write", "write-back-no-eviction"): ("write policy", "evicted"),
@@ -231,3 +231,13 @@ def test_cross_instance_read_for_mla_and_split_heads(spec):
     run = run_embedded("read", TOKENS, spec)
     assert all(s.status == "PASS" for s in run.steps), [(s.name, s.summary) for s in run.steps]
     assert run.steps[-1].detail["storage_hit"] == 192
+
+
+def test_write_back_no_eviction_names_write_back_first_and_says_nothing_was_written():
+    seen = []
+    run = run_embedded("read", TOKENS, SPEC, inject="write-back-no-eviction", on_step=seen.append)
+    assert "stored no page in L3" in seen[0].summary and "write_back" in seen[0].summary
+    assert run.failed_step.causes[0].startswith("the writer (--hicache-write-policy write_back) stored no page")
+    seen.clear()
+    run_embedded("read", TOKENS, SPEC, on_step=seen.append)
+    assert seen[0].summary.startswith(f"the writer stored {len(TOKENS) // SPEC.page_size} of")

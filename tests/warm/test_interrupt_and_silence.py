@@ -157,3 +157,29 @@ def test_flags_that_cannot_apply_are_exit_2(tmp_path, args, fragment):
     result = hicache(["warm", prompts, *args, "--json"])
     assert result.exit_code == 2, result.stdout
     assert fragment in json.loads(result.stdout)["error"]["message"]
+
+
+def test_interrupted_prefetch_never_claims_every_page_verified(serve, tmp_path):
+    path = write_prompts(tmp_path / "pf2.jsonl", 3000, seed=22, length=48)
+    head = tmp_path / "head2.jsonl"
+    head.write_text("".join(open(path).readlines()[:20]))
+    assert hicache(["warm", str(head), "--serve", serve.url, "--json"]).exit_code == 0
+    serve.client.flush()
+    before = serve.client.stats()["stats"]["storage_hit"]
+    out = tmp_path / "pf2.txt"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(
+            [HICACHE, "prefetch", path, "--serve", serve.url], stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
+    deadline = time.monotonic() + 60  # hang guard
+    while (
+        serve.client.stats()["stats"]["storage_hit"] == before and time.monotonic() < deadline and proc.poll() is None
+    ):
+        time.sleep(0.05)
+    assert proc.poll() is None, "prefetch finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    text = out.read_text()
+    verdict = " ".join(text.split("\n", 1)[1].split())  # the verdict follows the one header line
+    assert verdict.startswith("interrupted (SIGTERM):") and "the rest were not reached" in verdict, text
+    assert "verified: every page" not in text

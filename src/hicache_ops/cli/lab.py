@@ -14,6 +14,7 @@ app = typer.Typer(
     cls=HicacheGroup,
     help="Several hosts on one machine (network namespaces, needs root): rehearse cross-host incidents.",
     no_args_is_help=True,
+    epilog=examples("sudo hicache lab up --hosts 3", "hicache lab status", "sudo hicache lab down"),
 )
 
 RunDirOption = Annotated[
@@ -59,7 +60,13 @@ def _table(data: dict) -> None:
     for n, line in enumerate(lines):
         text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
         stdout.print(f"[bold]{text}[/]" if n == 0 else text, markup=n == 0)
-    stdout.print(f"[dim]state and logs: {data['run_dir']}   stop with: hicache lab down[/]")
+    from hicache_ops.commands.lab.state import run_dir_flag
+
+    flag = run_dir_flag(data["run_dir"])
+    stdout.print(
+        f"[dim]state and logs: {data['run_dir']}   status: hicache lab status{flag}   "
+        f"stop with: sudo hicache lab down{flag}[/]"
+    )
 
 
 @app.command("up", cls=HicacheCommand, epilog=examples("sudo hicache lab up --hosts 3", "sudo hicache lab up --json"))

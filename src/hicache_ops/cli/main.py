@@ -11,7 +11,7 @@ from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trac
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli import watch as watch_command
-from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
+from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 from hicache_ops.cli.common.output import DEBUG_ENV, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
 
@@ -52,6 +52,11 @@ app = typer.Typer(
     cls=_RootGroup,
     help="Make every step between SGLang HiCache and its Mooncake L3 tier visible and testable.",
     no_args_is_help=True,
+    epilog=examples(
+        "hicache inspect keys --tokens 1,2,3,4 --page-size 2",
+        "hicache serve",
+        "hicache playbook list",
+    ),
     add_completion=False,
     pretty_exceptions_enable=False,
 )

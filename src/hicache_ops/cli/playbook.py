@@ -26,6 +26,7 @@ app = typer.Typer(
     cls=HicacheGroup,
     help="On-call playbooks: a symptom, ordered checks, and the diagnosis at the first finding.",
     no_args_is_help=True,
+    epilog=examples("hicache playbook list", "hicache playbook show no-l3-hit"),
 )
 
 _MARK = {

@@ -35,7 +35,13 @@ def _render(data: PrefetchResult, show_all: bool = False) -> None:
     rows = data.prompts
     unverified = [r for r in rows if not r.verified]
     stdout.print(f"prefetch through {data.serve} (stop policy {data.stop_policy})")
-    if unverified:
+    if data.interrupted:  # the verdict covers only what ran before the stop
+        stdout.print(
+            f"[bold yellow]interrupted[/] ({data.interrupted}): {len(rows)} prompt(s) prefetched before the "
+            f"stop, {len(rows) - len(unverified)} of them verified; the rest were not reached.",
+            soft_wrap=False,
+        )
+    elif unverified:
         stdout.print(
             f"[bold red]not verified:[/] {len(unverified)} of {len(rows)} prompt(s): a page's bytes differ, or "
             "the stop policy cut the prefetch to nothing (see the note).",

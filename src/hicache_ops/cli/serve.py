@@ -233,6 +233,9 @@ def serve(
             side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
         )
         spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
+        from hicache_ops.engine.builder import check_memory
+
+        check_memory(spec)  # pools that cannot fit are refused before a master starts
         target = L3Target.parse(l3)
         if tokenizer is not None:
             from hicache_ops.server.sglang_api import load_tokenizer

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from hicache_ops.cli.common.help import examples
@@ -52,6 +59,9 @@ _STYLE = {
     "pending": "dim",
 }
 
+
+# The table names a status as the summary line does (JSON keeps the status itself).
+_LABEL = {"pending": "not reached", "no_page": "no page", "not_landed": "not landed"}
 
 # Problems first, so the rows a cut listing keeps are the ones worth reading.
 _ORDER = ("failed", "not_landed", "pending", "no_page", "written", "present")
@@ -107,7 +117,7 @@ def _render(data: dict, show_all: bool = False) -> None:
             str(p["tokens"]),
             str(p["pages"]),
             str(p["objects"]),
-            f"[{_STYLE[p['status']]}]{p['status']}[/]",
+            f"[{_STYLE[p['status']]}]{_LABEL.get(p['status'], p['status'])}[/]",
             f"{p['bytes']:,}",
             note,
         )
@@ -360,6 +370,8 @@ class _progress:
         self.pages = self.bytes = 0
 
     def __enter__(self):
+        # A bar on a pipe or a file is only a blank line left behind: shown on a terminal only.
+        self.quiet = self.quiet or not stderr.is_terminal
         if self.quiet:
             return lambda outcome: None
         self.bar = Progress(
@@ -368,6 +380,8 @@ class _progress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[pages]} pages {task.fields[mb]:.1f} MB"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=stderr,
             transient=True,
         )

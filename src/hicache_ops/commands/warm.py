@@ -27,7 +27,7 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
-from hicache_ops.errors import HicacheError, InputError, UnreachableError
+from hicache_ops.errors import HicacheError, InputError, UnreachableError, transport_reason
 from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools, side_pools_of_serve
 from hicache_ops.sglang.hit_policy import read_pages
@@ -207,6 +207,40 @@ def _verify(outcome: PromptOutcome, report, admin) -> None:
         outcome.first_missing = report.object_keys[flags.index(False)]
 
 
+def _check_l3_up(url: str, config: dict, l3: dict) -> None:
+    """A serve whose L3 is down cannot be warmed: say the reason its /health knows, not a guess
+    about the user's --master (the serve's own master is the one that went)."""
+    if l3.get("state") != "down":
+        return
+    reason = l3.get("reason") or "its Mooncake master stopped answering"
+    embedded = config.get("l3") == "embedded"
+    raise UnreachableError(
+        f"the serve at {url} has its L3 down: {reason.rstrip('.')}.",
+        hint=(
+            "The serve does not restart its embedded master: stop it and start `hicache serve` again "
+            "(the L3 starts empty)."
+            if embedded
+            else f"Bring the Mooncake master at {config.get('master_metrics_address')} back, then check the serve's /health."
+        ),
+    )
+
+
+def _check_fits_serve(prompts: Sequence[Prompt], config: dict) -> None:
+    """The serve prefills a prompt whole in its device pool: one with more pages than the pool holds
+    would fail there after its keys were hashed and queried, so it is refused before anything is sent."""
+    page_size, device_pages = config["page_size"], config.get("device_pages")
+    if not device_pages:
+        return
+    for n, prompt in enumerate(prompts, start=1):
+        pages = len(prompt.input_ids) // page_size
+        if pages > device_pages:
+            raise InputError(
+                f"{prompt.source or f'prompt {n}'} has {len(prompt.input_ids):,} tokens ({pages:,} pages) but the "
+                f"serve's device pool holds {device_pages:,} pages ({device_pages * page_size:,} tokens).",
+                hint="Split the prompt, or start the serve with a larger --device-tokens.",
+            )
+
+
 def warm_serve(
     prompts: Sequence[Prompt],
     client,
@@ -225,7 +259,9 @@ def warm_serve(
     with the serve's (model_name, extra_backend_tag, sglang_version)."""
     from hicache_ops.mooncake.admin import AdminClient
 
-    config = client.stats()["config"]
+    stats = client.stats()
+    config = stats["config"]
+    _check_l3_up(client.url, config, stats.get("l3") or {})
     for name, value in (expect or {}).items():
         if value is not None and config.get(name) != value:
             raise InputError(
@@ -242,6 +278,7 @@ def warm_serve(
             hint="Pass --synthetic if that cluster is a test cluster, or warm through a real SGLang server with --sglang-url.",
         )
     check_side_pools(config, pool_texts, pool_preset)
+    _check_fits_serve(prompts, config)
     deployment = deployment_of_serve(config)
     side = side_pools_of_serve(config)
     report = WarmReport(
@@ -366,6 +403,30 @@ def run_pool(
 # --------------------------------------------------------------------------------------------
 
 
+def _check_sglang(http, url: str, timeout_s: float) -> None:
+    """`url` answers /model_info as SGLang does (a JSON object with model_path), before anything is sent:
+    UnreachableError when nothing answers, InputError when something else does."""
+    import httpx
+
+    try:
+        response = http.get("/model_info", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UnreachableError(
+            f"the SGLang server at {url} did not answer /model_info ({transport_reason(exc, timeout_s)}).",
+            hint="Check the server and --sglang-url, or raise --timeout.",
+        ) from None
+    try:
+        info = response.json()
+    except ValueError:
+        info = None
+    if response.status_code != 200 or not isinstance(info, dict) or "model_path" not in info:
+        raise InputError(
+            f"{url} is not an SGLang server: /model_info answered HTTP {response.status_code} "
+            "without SGLang's model_path.",
+            hint="Point --sglang-url at SGLang's HTTP port (its --port, default 30000).",
+        )
+
+
 def warm_sglang(
     prompts: Sequence[Prompt],
     sglang_url: str,
@@ -412,11 +473,7 @@ def warm_sglang(
             except httpx.HTTPError:
                 return False
 
-        if not alive():
-            raise UnreachableError(
-                f"the SGLang server at {sglang_url} did not answer /model_info within {timeout_s:g} s.",
-                hint="Check the server and --sglang-url, or raise --timeout.",
-            )
+        _check_sglang(http, sglang_url, timeout_s)
         _mark_present(plans, admin)
         todo = [p for p in plans if p[4].status == PENDING]
         if dry_run:
@@ -439,7 +496,7 @@ def warm_sglang(
                 ) from None
             except httpx.TransportError as exc:
                 raise UnreachableError(
-                    f"the SGLang server at {sglang_url} did not answer /generate ({type(exc).__name__})."
+                    f"the SGLang server at {sglang_url} did not answer /generate ({transport_reason(exc, timeout_s)})."
                 ) from None
             outcome.seconds = time.perf_counter() - start
             if response.status_code >= 400:

@@ -34,7 +34,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote
 
-from hicache_ops.errors import InputError, UnreachableError
+from hicache_ops.errors import InputError, UnreachableError, transport_reason
 from hicache_ops.mooncake.net import format_host_port, parse_host_port
 
 DEFAULT_TIMEOUT = 3.0
@@ -67,7 +67,7 @@ class AdminClient:
         elif isinstance(exc, socket.gaierror):
             reason = f"cannot resolve {self.host!r}"
         else:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = transport_reason(exc, self.timeout)  # never the peer's raw bytes
         return UnreachableError(
             f"the Mooncake master admin API at {self.address} did not answer {path.split('?')[0]} ({reason}).",
             hint="Check that mooncake_master runs and that --master is HOST:METRICS_PORT (default port 9003), "

@@ -42,6 +42,10 @@ _BOOL_TRUE = ("true", "1", "yes", "y")
 _BOOL_FALSE = ("false", "0", "no", "n")
 
 
+class NoStoreConfig(InputError):
+    """The deployment names no Mooncake master or client address anywhere SGLang looks."""
+
+
 def _parse_bool(text: str) -> bool:
     low = text.lower()
     if low in _BOOL_TRUE:
@@ -295,7 +299,7 @@ def resolve_store_config(
         origin, mapping, label = "file", data, f"file:{config_path}"
     else:
         if "MOONCAKE_MASTER" not in env and "MOONCAKE_CLIENT" not in env:
-            raise InputError(
+            raise NoStoreConfig(
                 "no Mooncake config: the extra-config has no master_server_address, "
                 f"{CONFIG_PATH_ENV} is not set, and neither MOONCAKE_MASTER nor MOONCAKE_CLIENT is set.",
                 hint="Set MOONCAKE_MASTER=HOST:RPC_PORT, or pass an extra-config with master_server_address.",
@@ -313,6 +317,10 @@ def resolve_store_config(
         else:
             values[name] = r.from_mapping(name, mapping, label)
 
+    master = values["master_server_address"]
+    if master is not None and str(master).strip():
+        # Mooncake cannot dial a master without HOST:PORT; refused here rather than judged.
+        parse_host_port(str(master), what="master_server_address" if mapping is not None else "MOONCAKE_MASTER")
     size_where = "global_segment_size" if mapping is not None else "MOONCAKE_GLOBAL_SEGMENT_SIZE"
     values["global_segment_size"] = parse_segment_size(values["global_segment_size"], where=size_where)
     port = values["master_metrics_port"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from hicache_ops.errors import HicacheError, InputError, UnreachableError
+from hicache_ops.errors import HicacheError, InputError, UnreachableError, transport_reason
 
 DEFAULT_URL = "http://127.0.0.1:18080"
 DEFAULT_TIMEOUT_S = 3.0  # the same default as the master commands' --timeout
@@ -86,7 +86,7 @@ class ServeClient:
             response = self._http.request(method, path, timeout=timeout, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise UnreachableError(
-                f"no hicache serve answers at {self.url} ({type(exc).__name__}).",
+                f"no hicache serve answers at {self.url} ({transport_reason(exc, self.timeout_s)}).",
                 hint="Start one with `hicache serve` or pass the right --serve URL.",
             ) from None
         except httpx.TimeoutException:
@@ -102,7 +102,10 @@ class ServeClient:
                 hint="The process is stuck or stopped (SIGSTOP?); check it, or raise --timeout if it is only slow.",
             ) from None
         except httpx.TransportError as exc:
-            raise UnreachableError(f"the connection to hicache serve at {self.url} failed: {exc}.") from None
+            raise UnreachableError(
+                f"the connection to hicache serve at {self.url} failed: {transport_reason(exc, self.timeout_s)}.",
+                hint="Is --serve the URL of a hicache serve?",
+            ) from None
         if response.status_code >= 400 and response.status_code not in ok_statuses:
             try:
                 error = response.json()["error"]

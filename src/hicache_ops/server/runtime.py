@@ -40,8 +40,16 @@ def check_device(device: str, tp_size: int) -> str:
 
 
 def check_log_dir(log_dir: str | None) -> None:
-    if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+    if log_dir is None:
+        return
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise InputError(f"--log-dir {log_dir!r} is a file, not a folder.")
+    try:  # created now, so a folder that cannot exist is refused before anything starts
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--log-dir {log_dir!r} cannot be created: {exc.strerror}.") from None
+    if not os.access(log_dir, os.W_OK):
+        raise InputError(f"--log-dir {log_dir!r} is not writable.")
 
 
 def check_segment(segment_bytes: int) -> None:

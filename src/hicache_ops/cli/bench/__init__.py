@@ -3,10 +3,13 @@
 import typer
 
 from hicache_ops.cli.bench import kernels, keys, multiturn, replay, store
-from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
+from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 
 app = typer.Typer(
-    cls=HicacheGroup, help="Benchmarks that print side-by-side ratios measured in one run.", no_args_is_help=True
+    cls=HicacheGroup,
+    help="Benchmarks that print side-by-side ratios measured in one run.",
+    no_args_is_help=True,
+    epilog=examples("hicache bench keys --tokens 65536", "hicache bench replay trace.jsonl --l1-tokens 3000000"),
 )
 app.command("keys", cls=HicacheCommand, epilog=keys.EXAMPLES)(keys.keys)
 app.command("store", cls=HicacheCommand, epilog=store.EXAMPLES)(store.store)

@@ -115,6 +115,12 @@ def kernels(
             raise InputError(f"--dtype {dtype!r} is unknown.", hint="Use bfloat16, float16, float32 or uint8.")
         if attention not in ("mha", "mla", "both"):
             raise InputError(f"--attention {attention!r} is unknown.", hint="Use mha, mla or both.")
+        from hicache_ops.mooncake.store_client import check_fits_in_memory
+
+        # At least the device pool (2x the tokens) and one host pool (1.25x) of the larger attention kind.
+        itemsize = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1}[dtype]
+        row = max(2 * heads * head_dim if attention != "mla" else 0, kv_cache_dim if attention != "mha" else 0)
+        check_fits_in_memory(int(tokens * 3.25 * layers * row * itemsize), f"--tokens {tokens} at this geometry")
         from hicache_ops.commands.bench.kernels import bench_kernels  # imports torch: only when the command runs
 
         try:

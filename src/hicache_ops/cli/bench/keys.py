@@ -73,6 +73,15 @@ def keys(
     with reporting(json_output):
         if tokens < page_size or page_size <= 0 or repeats <= 0:
             raise InputError("--tokens must hold at least one page, and --page-size and --repeats must be > 0.")
+        from hicache_ops.mooncake.store_client import check_fits_in_memory
+
+        # The ids as int64 twice (numpy and SGLang's array) and the keys of every page, on each side.
+        check_fits_in_memory(tokens * 16 + (tokens // page_size) * 2 * 200, f"--tokens {tokens}")
+        import logging
+
+        # SGLang builds its hash extension through torch, whose import warns "No CUDA runtime is found"
+        # on a CPU machine: noise on stderr for a benchmark that never uses CUDA.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         from hicache_ops import interrupt
         from hicache_ops.commands.bench.key_throughput import bench_page_keys
 

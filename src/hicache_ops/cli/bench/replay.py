@@ -52,7 +52,7 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n, "binary")
 
 
-def _render(data: dict) -> None:
+def _render(data: dict, stopped_by: str | None = None) -> None:
     from rich.table import Table
 
     t, cfg = data["trace"], data["config"]
@@ -123,7 +123,8 @@ def _render(data: dict) -> None:
         "ceiling and the block LRU)",
     )
     if data["interrupted"]:
-        stdout.print("[bold yellow]interrupted:[/] the figures cover the requests replayed before Ctrl-C")
+        stopped_by = {"SIGINT": "Ctrl-C (SIGINT)", None: "the stop request"}.get(stopped_by, stopped_by)
+        stdout.print(f"[bold yellow]interrupted:[/] the figures cover the requests replayed before {stopped_by}")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
 
@@ -281,9 +282,10 @@ def replay(
         loaded = load_trace(trace, trace_format, limit)
         with interrupt.stop_on_signals():
             report = run_report(spec, loaded, sweep_tier=tier, capacities=capacities, progress=_Progress(not quiet))
+            stopped_by = interrupt.reason() if interrupt.requested() else None  # cleared when the block ends
         data = report.to_json()
         if plot is not None:
             data["plot"] = plot_sweep(data, plot)
-        emit(data, json_output, _render)
+        emit(data, json_output, lambda d: _render(d, stopped_by))
         if report.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)

@@ -7,6 +7,8 @@ values as a word (an explicit metavar wins), and arguments as plain `NAME` / `[N
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
@@ -14,9 +16,70 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 _FALLBACK_METAVAR = {int: "N", float: "NUM", str: "TEXT"}
 
 
+# An example line never gets wider than this, so an 80-column terminal (the help's panel takes
+# two columns each side) never wraps it inside a command: longer commands continue with " \\".
+EXAMPLE_WIDTH = 72
+
+
+def wrap_command(command: str, width: int = EXAMPLE_WIDTH) -> list[str]:
+    """`command` as shell lines of at most `width` columns, joined by backslash continuations, that
+    paste as the one command. Breaks only between words, and keeps an option beside its value."""
+    words = shlex.split(command)
+    quoted = [word if shlex.quote(word) == word else shlex.quote(word) for word in words]
+    # Units: "--flag value" stays together; a lone word is its own unit.
+    units: list[str] = []
+    i = 0
+    while i < len(quoted):
+        pair = i + 1 < len(quoted) and quoted[i].startswith("-") and not quoted[i + 1].startswith("-")
+        if pair and len(quoted[i]) + len(quoted[i + 1]) + 7 <= width:
+            units.append(f"{quoted[i]} {quoted[i + 1]}")
+            i += 2
+        else:
+            units.append(quoted[i])
+            i += 1
+    lines: list[str] = []
+    current = ""
+    for unit in units:
+        indent = "    " if lines else ""
+        candidate = f"{current} {unit}" if current else f"{indent}{unit}"
+        if current and len(candidate) + 2 > width:  # room for " \\"
+            lines.append(current + " \\")
+            current = f"    {unit}"
+        else:
+            current = candidate
+    lines.append(current)
+    return lines
+
+
 def examples(*commands: str) -> str:
-    """An epilog listing the commands an on-call engineer runs first (plain text: no markup)."""
-    return "Examples\n\n" + "\n\n".join(f"  {command}" for command in commands)
+    """An epilog listing the commands an on-call engineer runs first (plain text: no markup); each
+    pastes as written, long ones continued over lines with a backslash."""
+    return "Examples\n\n" + "\n\n".join("\n".join(f"  {line}" for line in wrap_command(c)) for c in commands)
+
+
+def example_commands(text: str) -> list[str]:
+    """The commands of a help text's Examples section, continuation lines joined (for tests)."""
+    _, found, after = text.partition("Examples")
+    if not found:
+        return []
+    commands: list[str] = []
+    pending = ""
+    for raw in after.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if pending:
+            pending += " " + line
+        elif "hicache " in line:
+            pending = line
+        else:
+            continue
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        commands.append(pending)
+        pending = ""
+    return commands
 
 
 def _no_type_label(ctx: typer.Context) -> None:

@@ -27,6 +27,22 @@ INPUT = "Input"
 DEPLOYMENT = "Deployment"
 OUTPUT = "Output"
 
+# The most ranks a parallel size may name: far above any deployment, low enough that the keys, files
+# and pools one entry per rank stay small (a larger value is refused by the parser, exit 2).
+MAX_RANKS = 4096
+
+
+def _at_most_ranks(ctx: typer.Context, param: typer.CallbackParam, value: int | None) -> int | None:
+    if value is not None and value > MAX_RANKS:
+        raise typer.BadParameter(f"{value} ranks is more than any deployment has (at most {MAX_RANKS}).")
+    return value
+
+
+def _not_negative(ctx: typer.Context, param: typer.CallbackParam, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise typer.BadParameter(f"{value} is negative; it counts tokens (0 or more).")
+    return value
+
 
 def _choices(name: str, values) -> type[StrEnum]:
     return StrEnum(name, [(value, value) for value in values])
@@ -175,7 +191,13 @@ MasterRpcOption = Annotated[
 ]
 ServeOption = Annotated[
     str,
-    typer.Option("--serve", help="URL of a running `hicache serve`.", metavar="URL", rich_help_panel=INPUT),
+    typer.Option(
+        "--serve",
+        help="URL of a running `hicache serve`.",
+        metavar="URL",
+        envvar="HICACHE_SERVE",
+        rich_help_panel=INPUT,
+    ),
 ]
 OptionalServeOption = Annotated[
     str | None,
@@ -264,6 +286,7 @@ TpSizeOption = Annotated[
         "--tp-size",
         help="Attention tensor-parallel size (SGLang --tp-size; --tp-size / --dp-size with DP attention).",
         metavar="N",
+        callback=_at_most_ranks,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -275,6 +298,7 @@ DcpSizeOption = Annotated[
         "logical page (SGLang's page x dcp); the prefix names the topology and DCP rank d holds tokens i % dcp == d "
         "of every page, one object per shard (docs/keys.md#dcp).",
         metavar="N",
+        callback=_at_most_ranks,
         rich_help_panel=DEPLOYMENT,
     ),
 ]
@@ -291,7 +315,11 @@ TpRankOption = Annotated[
 PpSizeOption = Annotated[
     int,
     typer.Option(
-        "--pp-size", help="Pipeline-parallel size (SGLang --pp-size).", metavar="N", rich_help_panel=DEPLOYMENT
+        "--pp-size",
+        help="Pipeline-parallel size (SGLang --pp-size).",
+        metavar="N",
+        callback=_at_most_ranks,
+        rich_help_panel=DEPLOYMENT,
     ),
 ]
 TpLcmSizeOption = Annotated[
@@ -432,6 +460,7 @@ PrefetchThresholdOption = Annotated[
         "--prefetch-threshold",
         help="Extra-config prefetch_threshold: fewest L3-hit tokens worth a prefetch.",
         metavar="TOKENS",
+        callback=_not_negative,
         rich_help_panel=DEPLOYMENT,
     ),
 ]

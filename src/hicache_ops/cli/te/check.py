@@ -20,8 +20,8 @@ from hicache_ops.cli.common.options import (
 )
 
 EXAMPLES = examples(
-    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake "
-    "--disaggregation-ib-device mlx5_0' --env MOONCAKE_DEVICE=mlx5_0",
+    "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake' "
+    "--env MOONCAKE_MASTER=10.0.0.5:50051 --env MOONCAKE_DEVICE=mlx5_0",
     "hicache te check --server-args @launch-flags.txt --config mooncake.json --json",
     "hicache te check --live --tcp",
 )
@@ -161,24 +161,60 @@ def check(
             raise InputError(f"--timeout {timeout:g} must be positive.")
         version = validate_version(sglang_version or default_version())
         overrides = parse_env_overrides(env)
-        report = check_reuse(
-            version,
-            server_args=server_args,
-            extra_config=extra_config,
-            config_file=config,
-            env_overrides=overrides,
-            tp_rank=tp_rank,
-        )
-        if live:
-            import os
 
-            run_env = dict(os.environ)
-            run_env.update(overrides)
-            # The peer client in this process logs through glog to fd 2: keep it out of the output.
-            with native_stderr_to_file(None, "te_live_mooncake.log"):
-                report.live = live_check(
-                    report, master=master_rpc, tcp=tcp, timeout=timeout, env=run_env, tp_rank=tp_rank
+        def evaluate(overrides):
+            return check_reuse(
+                version,
+                server_args=server_args,
+                extra_config=extra_config,
+                config_file=config,
+                env_overrides=overrides,
+                tp_rank=tp_rank,
+            )
+
+        from contextlib import ExitStack
+
+        from hicache_ops.mooncake.config import NoStoreConfig
+
+        with ExitStack() as stack:
+            stand_in = None
+            try:
+                report = evaluate(overrides)
+            except NoStoreConfig:
+                if not live:
+                    raise
+                # A deployment that names no master: the live test's master stands for MOONCAKE_MASTER.
+                if master_rpc is None:
+                    from hicache_ops.mooncake.master import EmbeddedMaster
+
+                    master = stack.enter_context(EmbeddedMaster(ready_timeout=min(20.0, timeout)))
+                    stand_in = master.rpc_address
+                else:
+                    from hicache_ops.mooncake.net import format_host_port, parse_host_port
+
+                    stand_in = format_host_port(*parse_host_port(master_rpc, what="--master-rpc"))
+                overrides = {**overrides, "MOONCAKE_MASTER": stand_in}
+                report = evaluate(overrides)
+                report.notes.insert(
+                    0,
+                    f"no Mooncake config given: the live test's master {stand_in} stands for MOONCAKE_MASTER.",
                 )
+            if live:
+                import os
+
+                run_env = dict(os.environ)
+                run_env.update(overrides)
+                # The peer client in this process logs through glog to fd 2: keep it out of the output.
+                with native_stderr_to_file(None, "te_live_mooncake.log"):
+                    report.live = live_check(
+                        report,
+                        master=master_rpc if master_rpc is not None else stand_in,
+                        master_started_here=master_rpc is None and stand_in is not None,
+                        tcp=tcp,
+                        timeout=timeout,
+                        env=run_env,
+                        tp_rank=tp_rank,
+                    )
         data = report.to_json()
         emit(data, json_output, _render)
     if not report.eligible or (report.live is not None and not report.live["ok"]):

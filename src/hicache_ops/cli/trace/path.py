@@ -69,11 +69,11 @@ AllowWritesOption = Annotated[
 
 WRITE_EXAMPLES = examples(
     "hicache trace write --tokens-file prompt.jsonl",
-    "hicache trace write --tokens-file prompt.jsonl --inject missing-v",
+    "hicache trace write --tokens-file prompt.jsonl --inject write-back-no-eviction",
     "hicache trace write --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --json",
 )
 READ_EXAMPLES = examples(
-    "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush",
+    "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush --allow-writes",
     "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
     "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard --step",
 )
@@ -246,6 +246,9 @@ def _spec(
         side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
     )
     spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
+    from hicache_ops.engine.builder import check_memory
+
+    check_memory(spec)
     return spec
 
 

@@ -109,6 +109,15 @@ class ReplaySpec:
                 "an L3 tier needs an L2 (host) pool: SGLang stages every L3 read and write through it.",
                 hint="Give --l2-tokens above --l1-tokens, or --l3 none.",
             )
+        from hicache_ops.mooncake.store_client import check_fits_in_memory
+
+        # The simulated pools keep a free list of their pages (about 40 bytes a page): refused before allocating.
+        l1_pages = self.l1_tokens // self.page_size
+        l2_pages = int(l1_pages * self.ratio) if self.enable_l2 else 0
+        check_fits_in_memory(
+            40 * (l1_pages + l2_pages),
+            f"an L1 of {self.l1_tokens} tokens and an L2 of {l2_pages * self.page_size} tokens",
+        )
         return self
 
     @property

@@ -74,7 +74,7 @@ def fault(
     folder = state.run_dir(run_dir)
     lab = state.load(folder)
     if lab is None:
-        raise InputError(f"no lab is up (no state in {folder}).", hint="Start one with `hicache lab up --hosts 3`.")
+        raise state.no_lab_error(folder)
     master = lab["hosts"][0]
     index = None if name == "master-restart" else _serve_index(lab, host)
     target = lab["hosts"][index] if index is not None else master

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from hicache_ops.commands.lab import processes, state, topology
-from hicache_ops.errors import InputError
 
 
 def serve_segment(host: dict) -> str | None:
@@ -50,7 +49,7 @@ def status(run_dir: str | os.PathLike | None = None) -> dict:
     folder = state.run_dir(run_dir)
     lab = state.load(folder)
     if lab is None:
-        raise InputError(f"no lab is up (no state in {folder}).", hint="Start one with `hicache lab up --hosts 3`.")
+        raise state.no_lab_error(folder)
     present = set(topology.existing_namespaces())
     table = rows(lab)
     for row in table:

@@ -27,6 +27,23 @@ from hicache_ops.commands.tap.recording import (
 from hicache_ops.errors import InputError
 
 
+def check_recording_path(path: str) -> None:
+    """--path names a file to create in a folder that exists (the tap runs where this command runs:
+    on the server host); a folder or a missing folder would fail only when SGLang loads the tap."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        raise InputError(
+            f"--path {path!r} is a folder; the tap records into a file.",
+            hint=f"Name a file in it, e.g. --path {os.path.join(path, 'hicache-tap.jsonl')}.",
+        )
+    folder = os.path.dirname(full)
+    if not os.path.isdir(folder):
+        raise InputError(
+            f"--path {path!r}: the folder {folder} does not exist.",
+            hint="Create it on the server host first, or name a file in an existing folder.",
+        )
+
+
 def launch_plan(
     extra_config: Mapping | None = None,
     *,
@@ -38,6 +55,8 @@ def launch_plan(
     """The SGLang flags that load the tap, the merged extra-config and where each rank records."""
     if tp_size < 1 or pp_size < 1:
         raise InputError(f"--tp-size {tp_size} and --pp-size {pp_size} must be >= 1.")
+    if path is not None:
+        check_recording_path(path)
     user = dict(extra_config or {})
     if truthy(user.get("standalone_storage"), False):
         raise InputError(

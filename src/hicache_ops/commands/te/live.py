@@ -43,12 +43,14 @@ def live_check(
     timeout: float = 30.0,
     env: Mapping[str, str] | None = None,
     tp_rank: int | None = None,
+    master_started_here: bool = False,
 ) -> dict:
     """Initialise a TransferEngine and a store client with `engine=te.get_engine()` in a child
     process, as SGLang's rank would, and move bytes through it both ways.
 
     `master` HOST:RPC_PORT of a running mooncake_master (UnreachableError when nothing answers);
-    None starts an embedded one on loopback. `tcp` runs engine and store over TCP (the only choice
+    None starts an embedded one on loopback (`master_started_here`: `master` is an embedded one the
+    caller started and stops). `tcp` runs engine and store over TCP (the only choice
     without RDMA hardware). Returns a dict; raises CheckFailed when the transfer fails or does not
     finish within `timeout` seconds, InputError when rdma is asked for on a machine without RDMA.
     """
@@ -99,7 +101,7 @@ def live_check(
     result: dict = {
         "ok": False,
         "master": master,
-        "embedded_master": embedded is not None,
+        "embedded_master": embedded is not None or master_started_here,
         "rank": rank.rank.label,
         "engine": {"protocol": engine_protocol, "device": engine_device, "metadata_server": P2P},
         "store": {"protocol": store_protocol, "device_name": store_device, "segment_bytes": LIVE_SEGMENT},

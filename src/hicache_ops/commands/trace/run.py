@@ -87,6 +87,18 @@ def check_fault(kind: str, inject: str | None) -> None:
         raise InputError(f"fault {inject!r} applies to `trace {'/'.join(kinds)}`, not `trace {kind}`.")
 
 
+def _writer_note(spec: EngineSpec, stored_pages: int, pages: int) -> str:
+    """What the writer put in L3, naming its write policy when that policy is why nothing went."""
+    if stored_pages:
+        return f"the writer stored {stored_pages} of {pages} page(s) in L3 through the embedded master"
+    if spec.write_policy == "write_back":
+        return (
+            "the writer (--hicache-write-policy write_back) stored no page in L3: write_back copies a page to "
+            "host and L3 only when it is evicted from the GPU, and nothing was evicted"
+        )
+    return f"the writer (--hicache-write-policy {spec.write_policy}) stored no page in L3"
+
+
 def diagnosis_causes(
     tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: list[str] = ()
 ) -> list[str]:
@@ -208,13 +220,8 @@ def run_embedded(
             if inject == "prefetch-timeout":
                 reader.l3.extra_latency_s = 0.5
             run.scenario["reader"] = _describe(reader_spec, extra_key, cache_salt)
-            intro = Step(
-                0,
-                "scenario",
-                INFO,
-                "writer wrote the prompt through the embedded master; a fresh reader traces the read",
-                detail=run.scenario,
-            )
+            writer_note = _writer_note(writer_spec, written.stored_pages, len(tokens) // spec.page_size)
+            intro = Step(0, "scenario", INFO, f"{writer_note}; a fresh reader traces the read", detail=run.scenario)
             if on_step is not None:
                 on_step(intro)
             run.steps = trace_read(
@@ -223,13 +230,16 @@ def run_embedded(
                 extra_key=extra_key,
                 cache_salt=cache_salt,
                 on_step=on_step,
-                diagnose=lambda: diagnosis_causes(
-                    r_tokens,
-                    reader_spec,
-                    master.metrics_address,
-                    extra_key,
-                    cache_salt,
-                    try_cache_salts=[w_salt] if w_salt not in (None, cache_salt) else [],
+                diagnose=lambda: (
+                    ([writer_note] if written.stored_pages == 0 else [])
+                    + diagnosis_causes(
+                        r_tokens,
+                        reader_spec,
+                        master.metrics_address,
+                        extra_key,
+                        cache_salt,
+                        try_cache_salts=[w_salt] if w_salt not in (None, cache_salt) else [],
+                    )
                 ),
             )
             return run

@@ -65,6 +65,7 @@ def load_records(paths: Sequence[str | Path]) -> list[dict]:
             raise InputError(
                 f"cannot read the recording {path!r}: {exc.strerror}.", hint="Check the path and its permissions."
             ) from None
+        before = len(records)
         with handle:
             for lineno, raw in enumerate(handle, start=1):
                 if not raw.strip():
@@ -86,6 +87,12 @@ def load_records(paths: Sequence[str | Path]) -> list[dict]:
                         raise _bad_line(path, lineno, f"field {field!r} has the wrong type")
                 rec["_file"], rec["_line"] = path, lineno
                 records.append(rec)
+        if len(records) == before:
+            # The tap writes an "open" record when a rank loads it: an empty file was never written by one.
+            raise InputError(
+                f"the recording {path!r} is empty: no tap has written to it.",
+                hint="Check that the server was launched with the flags `hicache tap` prints, and the path it printed.",
+            )
     records.sort(key=lambda r: (r.get("ts") or 0.0, r.get("pid") or 0, r.get("seq") or 0))
     return records
 
