@@ -14,11 +14,13 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23, validate_version
+
+if TYPE_CHECKING:  # numpy loads on first use, so `hicache --help` does not import it
+    import numpy as np
 
 try:  # the native loop; keys are identical without it, only slower
     from hicache_ops.sglang import _pagehash
@@ -57,6 +59,8 @@ def dcp_topology(prefix: str) -> dict | None:
 
 def _first_bad_token(items: Sequence[object]) -> InputError:
     """The InputError for the first element that is not a valid token id."""
+    import numpy as np
+
     for i, t in enumerate(items):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
             return InputError(f"token {i} is {t!r}, not an integer token id.")
@@ -73,6 +77,8 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, version: str) -> np.ndarr
     SGLang rejects negative ids in both versions; 0.5.14 packs every id into 4 bytes so it
     cannot hash ids above 2**32-1; 0.5.23 hashes such pages in a wide form up to 2**63-1.
     """
+    import numpy as np
+
     validate_version(version)
     if isinstance(tokens, np.ndarray):
         arr = tokens
@@ -167,6 +173,8 @@ def _chain_python(tokens: np.ndarray, page_size: int, prior: bytes | None) -> li
 
 def _chain(tokens: np.ndarray, page_size: int, prior_hex: str | None) -> list[str]:
     """Keys of whole pages of uint32-range tokens, chained after `prior_hex`."""
+    import numpy as np
+
     prior = bytes.fromhex(prior_hex) if prior_hex else None
     if _pagehash is not None:
         return _pagehash.chain(np.ascontiguousarray(tokens), page_size, prior)
@@ -195,6 +203,8 @@ def page_keys(
     namespace seed of (extra_key, cache_salt); 0.5.14 ignores both. `prior`, the key of the page
     before `tokens`, continues a chain instead (the namespace is then already in it).
     """
+    import numpy as np
+
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise InputError(f"page size {page_size!r} is not a positive integer.")
     if prior is None:
