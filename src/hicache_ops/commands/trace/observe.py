@@ -18,7 +18,8 @@ import numpy as np
 
 from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_lookup_step
-from hicache_ops.commands.trace.steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _Stop
+from hicache_ops.commands.trace.steps import _short
+from hicache_ops.commands.trace.tracer import FAIL, INFO, PASS, SKIP, Step, Tracer, _Stop
 from hicache_ops.sglang import policy as pol
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hicache_ops.commands.trace.steps import INFO, Step, trace_read, trace_write
+from hicache_ops.commands.trace.steps import trace_read, trace_write
+from hicache_ops.commands.trace.tracer import INFO, Step
 from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
 
