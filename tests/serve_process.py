@@ -39,7 +39,7 @@ class Serve:
             except UnreachableError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"serve did not start: {self.output.read_text()}")
+                    raise RuntimeError(f"serve did not start: {self.output.read_text()}") from None
                 time.sleep(0.2)
         self.info = self.client.stats()["config"]
 

@@ -138,7 +138,8 @@ class EngineSpec:
             raise InputError(f"a pool is given twice: {', '.join(names)}; SGLang registers each pool once.")
         if self.side_pools and self.dcp_size > 1:
             raise InputError(
-                "side pools under DCP are not modelled by the engine: give --pool/--pool-preset or --dcp-size, not both."
+                "side pools under DCP are not modelled by the engine: give --pool/--pool-preset or --dcp-size, not "
+                "both."
             )
         for pool in self.side_pools:
             check_pool(pool, self.sglang_version, self.geometry.mla)
@@ -204,7 +205,8 @@ def check_memory(spec: EngineSpec) -> None:
     available = _available_memory()
     if available is not None and host_total > 0.9 * available:
         raise InputError(
-            f"the pools need {host_total / 2**30:.2f} GiB of host memory but only {available / 2**30:.2f} GiB is available.",
+            f"the pools need {host_total / 2**30:.2f} GiB of host memory but only {available / 2**30:.2f} GiB is "
+            "available.",
             hint="Lower --device-tokens, --hicache-ratio or --hicache-size, or use a smaller geometry.",
         )
 
@@ -240,7 +242,7 @@ def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
         for r in range(spec.tp_size)
     ]
     if spec.side_pools:
-        for pools, scheme in zip(ranks, spec.schemes()):
+        for pools, scheme in zip(ranks, spec.schemes(), strict=True):
             pools.side = allocate_side(host.page_num, spec.side_pool_suffixes(scheme), side_object_bytes(spec.geometry))
     plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size, dcp_size=spec.dcp_size)
     l3 = None

@@ -155,7 +155,9 @@ class L3Prefetch:
         self.host.give_many(host_pages[done:])
         verified = outcome.verified[:done]
         info.mismatched_pages = len(verified) - sum(map(bool, verified))
-        self._counted_mismatches.update(key for key, ok in zip(storage_keys[pos : pos + done], verified) if not ok)
+        self._counted_mismatches.update(
+            key for key, ok in zip(storage_keys[pos : pos + done], verified, strict=True) if not ok
+        )
         result.mismatched_pages += info.mismatched_pages
         self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
         if not done:

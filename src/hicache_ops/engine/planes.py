@@ -124,7 +124,7 @@ class MemoryL3:
 
             return exists
 
-        ranks = [presence(scheme, side) for scheme, side in zip(self.schemes, self._side)]
+        ranks = [presence(scheme, side) for scheme, side in zip(self.schemes, self._side, strict=True)]
         return loadable_prefix(self.schemes[0].version, self.pools, ranks, len(storage_keys))
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
@@ -180,7 +180,7 @@ def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_k
     """The side-pool objects one node's L3 backup writes: per writing rank and pool, the pages the
     pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "page_key", "suffix"}."""
     out = []
-    for scheme, suffixes in zip(schemes, side):
+    for scheme, suffixes in zip(schemes, side, strict=True):
         for pool in pools:
             if not writes_side_pool(scheme.version, scheme, pool):
                 continue

@@ -127,7 +127,7 @@ def parse_l3_layout(reply: Any) -> L3Layout:
         raise _malformed("an enabled layout lists no pools")
 
     def served(name: str) -> Stages:
-        return tuple((pp, tuple(suffixes)) for pp, (_, suffixes, _, _) in zip(stages, by_name[name]))
+        return tuple((pp, tuple(suffixes)) for pp, (_, suffixes, _, _) in zip(stages, by_name[name], strict=True))
 
     side = tuple(
         PoolSpec(name, window=found[0][3] or 1, policy=found[0][2], served=served(name))

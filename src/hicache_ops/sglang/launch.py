@@ -323,7 +323,8 @@ def parse_ib_device(raw: str | None, *, flag: str) -> str | dict[int, str] | Non
     for key, value in mapping.items():
         if not str(key).isdigit() or not isinstance(value, str):
             raise InputError(
-                f"{flag} maps {key!r} to {value!r}: keys must be GPU ids and values device strings (SGLang fails to start)."
+                f"{flag} maps {key!r} to {value!r}: keys must be GPU ids and values device strings (SGLang fails to "
+                "start)."
             )
         out[int(key)] = value.strip()
     if not out:

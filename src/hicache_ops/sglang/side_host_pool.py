@@ -193,7 +193,8 @@ def _side_geometry(spec: PoolSpec, main: ModelGeometry, mla: bool, default_layer
     if heads is None or head_dim is None:
         raise InputError(
             f"pool {spec.name}: an MHA pool on an MLA model needs its own heads and head size.",
-            hint=f"Pass --pool {spec.name}:attention=mha,heads=N,head_dim=D (the draft model's KV heads and head size).",
+            hint=f"Pass --pool {spec.name}:attention=mha,heads=N,head_dim=D (the draft model's KV heads and head "
+            "size).",
         )
     return ModelGeometry.mha(layers, heads, head_dim, main.dtype)
 

@@ -413,6 +413,7 @@ def side_pools_for(
         want, have = ("MLA", "MHA") if chosen.mla else ("MHA", "MLA")
         raise InputError(
             f"pool preset {preset_name} is for an {want} model but the engine's geometry is {have}.",
-            hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA ones.",
+            hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA "
+            "ones.",
         )
     return tuple(combine_pools(chosen.specs(page_size), list(pool_texts or ())))

@@ -73,7 +73,8 @@ def check_traceable(tokens: list[int], page_size: int) -> None:
     """A prompt shorter than one page produces no page: there is no path to trace."""
     if len(tokens) < page_size:
         raise InputError(
-            f"the prompt has {len(tokens)} token(s), fewer than one page of {page_size}: it produces no page to write or read.",
+            f"the prompt has {len(tokens)} token(s), fewer than one page of {page_size}: it produces no page to "
+            "write or read.",
             hint=f"Give at least {page_size} tokens (whole pages only are stored).",
         )
 

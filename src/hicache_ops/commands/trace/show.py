@@ -301,7 +301,7 @@ def _object_codes_for(rec: Mapping, page_key: str | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for kind in ("exist", "put", "get"):
         for entry in (rec.get("objects") or {}).get(kind, []):
-            for key, code in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for key, code in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if page_key in key:
                     out[f"{kind}:{key}"] = code
     return out
@@ -337,7 +337,7 @@ def _key_analysis(storage: Sequence[Mapping]) -> dict:
             flags = _page_flags(r)
             if flags is None:
                 continue
-            for k, ok in zip(keys, flags):
+            for k, ok in zip(keys, flags, strict=False):
                 (written if ok else write_failed).add(k)
                 if ok:
                     written_before.add(k)
@@ -345,7 +345,7 @@ def _key_analysis(storage: Sequence[Mapping]) -> dict:
             flags = _page_flags(r)
             if flags is None:
                 continue
-            for k, ok in zip(keys, flags):
+            for k, ok in zip(keys, flags, strict=False):
                 if ok:
                     read_ok.add(k)
                     if k in written_before:
@@ -422,16 +422,16 @@ def _object_analysis(storage: Sequence[Mapping]) -> dict | None:
         seen = True
         is_write = r["method"] in WRITE_METHODS
         for entry in objs.get("put", []):
-            for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if c == 0:
                     put_ok.add(k)
         if is_write:
             for entry in objs.get("exist", []):
-                for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+                for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                     if c == 1:
                         present_at_set.add(k)
         for entry in objs.get("get", []):
-            for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if isinstance(c, int) and c > 0:
                     get_ok.add(k)
                 else:

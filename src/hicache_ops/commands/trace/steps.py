@@ -33,14 +33,16 @@ def _device_bad(cache, nodes_or_pages, keys) -> list[int]:
     plane = _bytes_plane(cache)
     if plane is None:
         return []
-    return [p for p, k in zip(nodes_or_pages, keys) if not plane.device_page_ok(p, k)]
+    return [p for p, k in zip(nodes_or_pages, keys, strict=True) if not plane.device_page_ok(p, k)]
 
 
 def _host_bad(cache, host_pages, keys) -> list[int]:
     plane = _bytes_plane(cache)
     if plane is None:
         return []
-    return [p for p, k in zip(host_pages, keys) if not all(plane.host_page_ok(r, p, k) for r in plane.ranks)]
+    return [
+        p for p, k in zip(host_pages, keys, strict=True) if not all(plane.host_page_ok(r, p, k) for r in plane.ranks)
+    ]
 
 
 def _spec_keys(tokens, page_size, version, extra_key, cache_salt) -> list[str]:
@@ -251,7 +253,7 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
     pools = getattr(cache.l3, "pools", ())
     side = [o for o in outcome.objects if "pool" in o]
     if pools:
-        for (label, row), suffixes in zip(per_rank.items(), side_layout(schemes, pools)):
+        for row, suffixes in zip(per_rank.values(), side_layout(schemes, pools), strict=True):
             row["side_pools"] = suffixes
         per_page: dict[int, list[str]] = {}
         for o in side:
@@ -267,7 +269,8 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
         PASS,
         f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} KV object(s){side_text} over "
         f"{len(schemes)} rank(s), prefix {schemes[0].prefix or '(none)'}",
-        invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's MooncakeStore "
+        invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's "
+        "MooncakeStore "
         "names them",
         detail={"ranks": per_rank, **({"side_objects_by_page": per_page} if pools else {})},
     )
@@ -346,7 +349,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
                 sources.append((pools, node, i))
                 shard_of[key] = (scheme.dcp_rank, node.depth)
     exists = store.batch_is_exist(expected)
-    missing = [k for k, e in zip(expected, exists) if not e]
+    missing = [k for k, e in zip(expected, exists, strict=True) if not e]
     if missing:
         shards = sorted({shard_of[k] for k in missing}) if dcp_view.dcp_size_of(cache.l3.schemes) > 1 else []
         where = "; ".join(f"DCP rank {d}'s object of page {p}" for d, p in shards[:5])
@@ -362,7 +365,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
             detail={"missing": missing[:20]},
         )
     differ = []
-    for key, (pools, node, i) in zip(expected, sources):
+    for key, (pools, node, i) in zip(expected, sources, strict=True):
         if node.host_page < 0:
             continue
         piece = pools.host_layout.page_objects(node.host_page)[i]
@@ -370,7 +373,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
         if store.get(key) != want:
             differ.append(key)
     side_keys = [o["key"] for o in side]
-    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else []):
+    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else [], strict=True):
         if not present:
             missing.append(o["key"])
         elif store.get(o["key"]) != reference_side_object(o["page_key"], o["suffix"], o["size"]).tobytes():
@@ -469,7 +472,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                     "prefetch decision",
                     f"not issued: {info.reason}",
                     [
-                        f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {info.threshold} tokens",
+                        "SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = "
+                        f"{info.threshold} tokens",
                         "lower extra-config prefetch_threshold, or send a longer prompt",
                     ],
                     detail=detail,
@@ -543,7 +547,7 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         elif event == "storage_read":
             outcome, hosts = data["outcome"], data["host_pages"]
             failed = [i for i, ok in enumerate(outcome.ok) if not ok]
-            corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified)) if ok and not v]
+            corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified, strict=True)) if ok and not v]
             detail = {
                 "host_pages": hosts,
                 "bytes": outcome.nbytes,
@@ -607,7 +611,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             t.add(
                 "batch_get_into",
                 PASS,
-                f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
+                f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; "
+                "bytes verified",
                 invariant="every object read > 0 bytes and each page equals its reference",
                 state="L2 holds the pages",
                 detail=detail,
