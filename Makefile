@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
+.PHONY: install system-deps sglang-0.5.14 lint test serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
 system-deps:
@@ -40,10 +40,14 @@ $(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
 
 sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
 
+# ruff (lint + format check) and mypy, configured in pyproject.toml; `make test` runs it first.
+lint: install
+	VENV=$(VENV) scripts/lint.sh
+
 # Everything the tests write (pytest's folders, every TMPDIR user, the libraries SGLang imports)
 # stays under .cache/pytest, emptied at the start of each run: nothing is left in /tmp.
 TEST_TMP := $(CURDIR)/.cache/pytest
-test: install sglang-0.5.14
+test: install sglang-0.5.14 lint
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS)
 
