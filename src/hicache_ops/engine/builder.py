@@ -7,6 +7,7 @@ scale; otherwise every rank gets real device and host pools and, with a store, a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
@@ -176,7 +177,7 @@ class EngineSpec:
             return [f"cuda:{r}" for r in range(self.tp_size)]
         return ["cpu"] * self.tp_size
 
-    def memory_needed(self) -> dict:
+    def memory_needed(self) -> dict[str, Any]:
         """Bytes every rank's pools take, summed over ranks (checked before allocating)."""
         host = self.host_layout(mooncake=True)
         rank_tokens = (self.device_tokens + self.page_size) // self.dcp_size

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -253,7 +254,7 @@ class MooncakeL3:
         ranks = [rank_exists(r, kv) for r, kv in enumerate(hits)]
         return loadable_prefix(self.schemes[0].version, self.pools, ranks, len(storage_keys))
 
-    def side_presence(self, storage_keys: list[str], pages: int) -> list[dict[str, list[list[dict]]]]:
+    def side_presence(self, storage_keys: list[str], pages: int) -> list[dict[str, list[list[dict[str, Any]]]]]:
         """Per rank, pool and page (the first `pages`), each side object with whether the master holds it."""
         wanted = [
             (r, pool.name, i, f"{scheme.prefix}{storage_keys[i]}{suffix}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hicache_ops.engine.planes import ReadOutcome
 from hicache_ops.engine.results import PrefetchInfo, PrefillResult
@@ -176,7 +177,7 @@ class L3Prefetch:
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
-        observer: Callable[[str, dict], None] | None = None,
+        observer: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> PrefillResult:
         """Pull a prompt's pages from L3 into the host pool only (no device load, no compute).
 
