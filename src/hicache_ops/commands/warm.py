@@ -106,7 +106,8 @@ class _Expected:
 
 
 def _required(report: KeyReport, pools: Sequence[PoolSpec]) -> _Expected:
-    keys, n = [], len(report.pages)
+    keys: list[str] = []
+    n = len(report.pages)
     needed = {pool.name: set(read_pages(pool, n)) for pool in pools}
     for row in report.pages:
         keys.extend(

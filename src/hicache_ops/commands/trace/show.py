@@ -75,7 +75,7 @@ def load_records(paths: Sequence[str | Path]) -> list[dict]:
                     raise _bad_line(path, lineno, "not UTF-8 text") from None
                 try:
                     rec = json.loads(text)
-                except ValueError as exc:
+                except json.JSONDecodeError as exc:
                     raise _bad_line(path, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
                 if not isinstance(rec, dict):
                     raise _bad_line(path, lineno, f"a JSON {type(rec).__name__}, not an object")

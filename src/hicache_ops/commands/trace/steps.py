@@ -11,6 +11,7 @@ bytes moved, the prefix was reused — are separate steps here.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_layout, side_lookup_step
@@ -332,7 +333,7 @@ def _dcp_step(t: Tracer, cache, tokens, depths: list[int], keys: list[str]) -> N
     )
 
 
-def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
+def _verify_on_master(t: Tracer, cache, nodes, side: Sequence[dict] = ()) -> None:
     """Every expected object of the prompt's pages is on the master with the host copy's bytes
     (side-pool objects: with their reference bytes)."""
     from hicache_ops.engine.reference import reference_side_object
