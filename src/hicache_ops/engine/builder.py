@@ -7,7 +7,7 @@ scale; otherwise every rank gets real device and host pools and, with a store, a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
@@ -21,6 +21,9 @@ from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme, check_dcp
 from hicache_ops.sglang.rewrites import resolve_layout
 from hicache_ops.sglang.side_pool_specs import PoolSpec, check_pool, pool_suffixes
 from hicache_ops.sglang.versions import NEWEST
+
+if TYPE_CHECKING:
+    from hicache_ops.mooncake.store_client import StoreClient
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,7 @@ def _available_memory() -> int | None:
     return None
 
 
-def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
+def build_bytes(spec: EngineSpec, store: StoreClient | None = None) -> TieredCache:
     """The real-bytes cache; with `store` (a Mooncake store client) L3 is Mooncake.
 
     Every rank's host pool is registered with the store so puts and gets are zero-copy.
