@@ -50,11 +50,16 @@ def test_dash_h_is_help(path):
 
 
 def test_shell_completion_is_offered():
+    """Typer's completion: the options in --help, the bash script, and a real completion of a word
+    (through the environment protocol the script uses, so no shell needs detecting here)."""
     help_text = hicache(["--help"]).stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text
-    script = hicache(["--show-completion", "bash"], prog_name="hicache")
+    script = hicache([], prog_name="hicache", env={"_HICACHE_COMPLETE": "source_bash"})
     assert script.exit_code == 0, script.output
-    assert "_HICACHE_COMPLETE=complete_bash" in script.stdout
+    assert "_HICACHE_COMPLETE=complete_bash" in script.stdout and "complete -o default" in script.stdout
+    words = {"_HICACHE_COMPLETE": "complete_bash", "COMP_WORDS": "hicache ins", "COMP_CWORD": "1"}
+    completed = hicache([], prog_name="hicache", env=words)
+    assert completed.exit_code == 0 and completed.stdout.split() == ["inspect"], completed.output
 
 
 def test_help_imports_no_heavy_library():
