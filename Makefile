@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # a module on one worker, so module fixtures and file-order tests hold; PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
+.PHONY: install system-deps sglang-0.5.14 lint test serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL;
 # promtool (Debian's prometheus) checks alerts/ and the dashboard's queries.
@@ -45,10 +45,14 @@ $(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
 
 sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
 
+# ruff (lint + format check) and mypy, configured in pyproject.toml; `make test` runs it first.
+lint: install
+	VENV=$(VENV) scripts/lint.sh
+
 # Everything the tests write (pytest's folders, every TMPDIR user, the libraries SGLang imports)
 # stays under .cache/pytest, emptied at the start of each run: nothing is left in /tmp.
 TEST_TMP := $(CURDIR)/.cache/pytest
-test: install sglang-0.5.14
+test: install sglang-0.5.14 lint
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

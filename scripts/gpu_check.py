@@ -77,7 +77,7 @@ def check_bench() -> dict:
 
 def check_serve(device: str) -> dict:
     """Prefill with backup, flush L1/L2, prefill again: every page must come back from L3, verified."""
-    sys.path.insert(0, str(ROOT / "tests"))  # noqa: the serve helper is shared with the tests
+    sys.path.insert(0, str(ROOT / "tests"))  # the serve helper is shared with the tests
     from hicache_ops.mooncake.net import free_port
     from hicache_ops.server.client import ServeClient
 

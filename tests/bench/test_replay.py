@@ -65,9 +65,9 @@ def test_equal_ids_give_equal_tokens_and_page_keys_up_to_the_first_different_id(
     assert a.size == b.size == c.size == 3 * 512
     assert np.array_equal(a[:1024], b[:1024]) and not np.array_equal(a[1024:], b[1024:])
     ka, kb, kc = (page_keys(t, 64, V0_5_23) for t in (a, b, c))
-    assert ka[:16] == kb[:16] and all(x != y for x, y in zip(ka[16:], kb[16:]))
+    assert ka[:16] == kb[:16] and all(x != y for x, y in zip(ka[16:], kb[16:], strict=True))
     # Same ids in another order: another prefix from the first page (the keys chain).
-    assert all(x != y for x, y in zip(ka, kc))
+    assert all(x != y for x, y in zip(ka, kc, strict=True))
     # A block's tokens depend on its id only: block 8 is the same rows wherever it sits.
     assert np.array_equal(a[512:1024], c[:512])
 
@@ -103,7 +103,7 @@ def test_mooncake_page_ids_stand_for_sglang_page_keys_exactly():
             keys = page_keys(source.tokens(request), page_size, V0_5_23)
             ids = replay_baseline.mooncake_page_ids(request, page_size).tolist()
             assert len(keys) == len(ids)
-            for pid, key in zip(ids, keys):
+            for pid, key in zip(ids, keys, strict=True):
                 assert by_id.setdefault(pid, key) == key
         assert len(set(by_id.values())) == len(by_id)
 

@@ -70,7 +70,7 @@ _PATCHED = False
 def _copy_token_rows(src_layers, dst_layers, src_indices, dst_indices, page_size):
     """CPU stand-in for sgl_kernel's transfer_kv_direct: the same rows, copied by torch."""
     del page_size  # the kernel groups rows by page for speed; the copy is the same row by row
-    for src, dst in zip(src_layers, dst_layers):
+    for src, dst in zip(src_layers, dst_layers, strict=True):
         dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
 
 

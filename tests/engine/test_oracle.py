@@ -338,7 +338,7 @@ def _oracle_0_5_14_future():
 
     keys, jobs = _oracle_jobs()
     pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(lambda: dict(zip(keys, (job[0] for job in replay_jobs(jobs)))))
+    future = pool.submit(lambda: dict(zip(keys, (job[0] for job in replay_jobs(jobs)), strict=True)))
     pool.shutdown(wait=False)
     return future
 
@@ -352,7 +352,7 @@ def oracle_results(version: str) -> dict:
     from engine.oracle_0_5_23 import replay
 
     keys, jobs = _oracle_jobs()
-    keys, jobs = zip(*[(k, j) for k, j in zip(keys, jobs) if not j[0].storage])
+    keys, jobs = zip(*[(k, j) for k, j in zip(keys, jobs, strict=True) if not j[0].storage], strict=True)
     # Grouped by configuration: the process-wide server arguments are published once per group.
     order = sorted(range(len(jobs)), key=lambda k: astuple(jobs[k][0]))
     return {keys[k]: replay(jobs[k][1], jobs[k][0])[0] for k in order}
@@ -394,7 +394,7 @@ def differences(version: str, family: str, policy: str, metric: str) -> list[Dif
     found = []
     for i, wl in enumerate(generated(family)):
         ours, theirs = engine[i], oracle[(family, policy, i)]
-        for j, (a, b) in enumerate(zip(theirs, ours)):
+        for j, (a, b) in enumerate(zip(theirs, ours, strict=True)):
             if a[metric] != b[metric]:
                 found.append(Difference(i, j, metric, a[metric], b[metric], wl))
                 break

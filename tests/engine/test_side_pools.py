@@ -64,9 +64,12 @@ def test_memory_l3_writes_one_mamba_state_per_node_and_answers_batch_exists_v2(v
     assert [p.page_key for p in report.pages] == keys
     held = cache.l3.objects
     # Every KV object of every page; the Mamba objects (temporal, conv_0) of each node's last page only.
-    kv = {k for row in report.pages for k, pool in zip(row.object_keys, row.object_pools) if pool == "kv"}
+    kv = {k for row in report.pages for k, pool in zip(row.object_keys, row.object_pools, strict=True) if pool == "kv"}
     mamba = {
-        (row.index, k) for row in report.pages for k, pool in zip(row.object_keys, row.object_pools) if pool == "mamba"
+        (row.index, k)
+        for row in report.pages
+        for k, pool in zip(row.object_keys, row.object_pools, strict=True)
+        if pool == "mamba"
     }
     assert held == kv | {k for i, k in mamba if i in (HALF - 1, PAGES - 1)}
     assert cache.stats.l3_side_objects_written == 4

@@ -75,7 +75,7 @@ def test_invariants_after_random_requests(reqs, write_policy, version, eviction,
         results = run_wave(cache, batch)
     else:
         results = [cache.request(p, o) for p, o in batch]
-    for (prompt, _), r in zip(batch, results):
+    for (prompt, _), r in zip(batch, results, strict=True):
         assert r.device_hit + r.host_hit + r.storage_hit + r.computed == len(prompt)
     check_invariants(cache)
     cache.flush()

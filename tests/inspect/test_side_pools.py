@@ -236,7 +236,10 @@ def compare(master, version: str, cases: list[dict], results: dict) -> None:
             # What the master holds for these pages is exactly what we call present.
             held = {k for k in listing if any(pk in k for pk in got["page_keys"])}
             present = {
-                k for row, flags in zip(report.pages, diff.present) for k, ok in zip(row.object_keys, flags) if ok
+                k
+                for row, flags in zip(report.pages, diff.present, strict=True)
+                for k, ok in zip(row.object_keys, flags, strict=True)
+                if ok
             }
             assert held == present, (version, case["id"], sorted(held ^ present)[:4])
             # inspect store's grouping: each pool with its pages, the KV pages that lack it.

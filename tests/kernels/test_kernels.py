@@ -119,20 +119,20 @@ def clone_device(device):
 
 def same_device(a, b):
     if isinstance(a, tuple):
-        return all(torch.equal(x, y) for x, y in zip(a, b))
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     return torch.equal(a, b)
 
 
 def expected_backup(device, host, kind, layout, d_idx, h_idx, ps):
     want = host.clone()
-    for d, t in zip(d_idx, h_idx):
+    for d, t in zip(d_idx, h_idx, strict=True):
         set_host_token(want, kind, layout, t, ps, device_token(device, kind, d))
     return want
 
 
 def expected_load(device, host, kind, layout, d_idx, h_idx, ps):
     want = clone_device(device)
-    for d, t in zip(d_idx, h_idx):
+    for d, t in zip(d_idx, h_idx, strict=True):
         set_device_token(want, kind, d, host_token(host, kind, layout, t, ps))
     return want
 
@@ -342,7 +342,7 @@ def test_checksum_matches_definition_and_is_layout_independent(kind, dtype, D):
         assert [int(v) & MASK64 for v in by_page] == spec, layout
         assert torch.equal(by_page, by_token)
         if layout != "layer_first":
-            for p, want in zip(host_pages, spec):
+            for p, want in zip(host_pages, spec, strict=True):
                 assert (
                     storage_page_checksum(l3_objects(host, kind, layout, p, ps), layout=layout, geometry=geom) == want
                 )
@@ -589,7 +589,7 @@ def test_placement_matches_sglang_host_pool(kind, layout):
     ptrs, sizes = pool.get_page_buffer_meta(host_tokens)
     per_page = len(ptrs) // len(host_pages)
     for i, p in enumerate(host_pages):
-        chunks = [ctypes.string_at(a, n) for a, n in zip(ptrs[i * per_page : (i + 1) * per_page], sizes)]
+        chunks = [ctypes.string_at(a, n) for a, n in zip(ptrs[i * per_page : (i + 1) * per_page], sizes, strict=False)]
         if layout == "layer_first":  # one chunk per layer (and component): reassemble canonical order
             n_kv = geom.n_kv
             objects = [b"".join(chunks[c::n_kv]) for c in range(n_kv)]

@@ -276,7 +276,8 @@ for case in PAYLOAD["cases"]:
     store, _ = make_store(case, case["tp_rank"], case["pp_rank"])
     try:
         # the names batch_set_v1 puts: the tag prefix, then the suffixes of _batch_preprocess
-        RESULT.append(store._batch_preprocess(store._tag_keys(case["page_keys"]), torch.arange(0, len(case["page_keys"]) * PAGE))[0])
+        indices = torch.arange(0, len(case["page_keys"]) * PAGE)
+        RESULT.append(store._batch_preprocess(store._tag_keys(case["page_keys"]), indices)[0])
     finally:
         store.store.close()
 """

@@ -141,7 +141,8 @@ def info_body(model_dir):
     """0.5.23's server-info body for the deployment the stores belong to (no layout inside)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = ["--model-path", model_dir, "--device", "cpu", "--page-size", str(PAGE), "--served-model-name", MODEL,
-            "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake", "--hicache-mem-layout", "page_first"]  # fmt: skip
+            "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake",
+            "--hicache-mem-layout", "page_first"]  # fmt: skip
     body = body_0_5_23(argv, {"status": "ready", "max_total_num_tokens": 20000})
     assert "hicache_object_layout" not in body  # so the layout route is asked
     return body
@@ -422,12 +423,15 @@ def test_a_disabled_layout_falls_back_to_the_flags_with_its_reason(
     [
         ({"enabled": "yes"}, "no boolean 'enabled'"),
         ({"enabled": True, "hicache_object_layout": {"pools": {}}}, "no hicache_object_layout with a list of pools"),
-        ({"enabled": True, "hicache_object_layout": {"pools": [{"pool": "swa", "suffixes": ["__swa"], "hit_policy": "trailing_pages"}]}},
+        ({"enabled": True, "hicache_object_layout": {
+            "pools": [{"pool": "swa", "suffixes": ["__swa"], "hit_policy": "trailing_pages"}]}},
          "pool swa is trailing_pages without a positive trailing_pages count"),
-        ({"enabled": True, "hicache_object_layout": {"pools": [{"pool": "x", "suffixes": ["__x"], "hit_policy": "block_groups"}]}},
+        ({"enabled": True, "hicache_object_layout": {
+            "pools": [{"pool": "x", "suffixes": ["__x"], "hit_policy": "block_groups"}]}},
          "pool x has hit policy 'block_groups'"),
         ({"enabled": True, "hicache_object_layout": {"pp_size": 2, "pp_rank": None,
-                                                     "pools": [{"pool": "kv", "suffixes": ["_0_k"], "hit_policy": "all_pages"}]}},
+                                                     "pools": [{"pool": "kv", "suffixes": ["_0_k"],
+                                                                "hit_policy": "all_pages"}]}},
          "pool kv is listed 1 time(s) for 2 pipeline stage(s)"),
     ],
 )  # fmt: skip

@@ -30,7 +30,8 @@ LAUNCH = [
     "--page-size", "32", "--tp-size", "2", "--served-model-name", "org/m",
     "--enable-hierarchical-cache", "--hicache-storage-backend", "mooncake",
     "--hicache-mem-layout", "page_head", "--hicache-write-policy", "write_back", "--hicache-ratio", "3",
-    "--hicache-storage-backend-extra-config", '{"extra_backend_tag": "blue", "tp_lcm_size": 4, "master_server_address": "127.0.0.1:50051"}',
+    "--hicache-storage-backend-extra-config", '{"extra_backend_tag": "blue", "tp_lcm_size": 4, '
+                                              '"master_server_address": "127.0.0.1:50051"}',
 ]  # fmt: skip
 SCHEDULER_INFO = {"status": "ready", "max_total_num_tokens": 20000, "max_req_input_len": 4096}
 TOKENS = ",".join(str(i) for i in range(100))

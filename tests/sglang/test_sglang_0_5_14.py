@@ -185,7 +185,7 @@ def test_page_keys_match_get_hash_str(sglang_0_5_14):
     payload, theirs = sglang_0_5_14
     assert len(theirs["keys"]) == len(payload["keys"]) >= 100
     assert any(keys for keys in theirs["keys"])
-    for (tokens, page_size), expected in zip(payload["keys"], theirs["keys"]):
+    for (tokens, page_size), expected in zip(payload["keys"], theirs["keys"], strict=True):
         # 0.5.14 ignores extra_key and cache_salt: the keys are the same with or without them.
         assert page_keys(tokens, page_size, "0.5.14") == expected, (tokens, page_size)
         assert page_keys(tokens, page_size, "0.5.14", extra_key="t", cache_salt="s") == expected
@@ -200,10 +200,10 @@ def geometry_of(case: dict) -> ModelGeometry:
 def test_host_pools_match_sglang(sglang_0_5_14):
     payload, theirs = sglang_0_5_14
     assert any("refused" in t for t in theirs["pools"]) and any("offsets" in t for t in theirs["pools"])
-    for case, got in zip(payload["pools"], theirs["pools"]):
+    for case, got in zip(payload["pools"], theirs["pools"], strict=True):
         assert got.get("device_size", case["device_tokens"]) == case["device_tokens"], case
 
-        def ours():
+        def ours(case: dict = case):  # bound now: called within this iteration only
             return HostPoolLayout(
                 geometry_of(case),
                 case["layout"],
@@ -235,7 +235,7 @@ def test_host_pools_match_sglang(sglang_0_5_14):
 
 def test_rewrites_match_server_args_handle_hicache(sglang_0_5_14):
     payload, theirs = sglang_0_5_14
-    for case, expected in zip(payload["rewrites"], theirs["rewrites"]):
+    for case, expected in zip(payload["rewrites"], theirs["rewrites"], strict=True):
         got = resolve_layout(case["layout"], case["io"], case["mooncake"], version="0.5.14", rocm=case["rocm"])
         layout, io_backend, warnings = expected
         assert (got.layout, got.io_backend) == (layout, io_backend), case

@@ -218,7 +218,7 @@ def oracle_summary(host, buffers: dict, pages, page_size, meta_ok=True) -> dict:
         ptrs, sizes = host.get_page_buffer_meta(indices)
         spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes, name) for name, t in buffers.items() if t.numel())
         meta = []
-        for ptr, size in zip(ptrs, sizes):
+        for ptr, size in zip(ptrs, sizes, strict=True):
             name, start = next((n, s) for s, e, n in spans if s <= ptr < e)
             meta.append([name, ptr - start, size])
         out["meta"] = meta
@@ -389,7 +389,8 @@ def run(case, pages):
         dev = MambaPool(size=case["slots"], spec_state_size=case["slots"], cache_params=params,
                         mamba_layer_ids=list(range(case["layers"])), device="cpu")
         host = MambaPoolHost(dev, case["ratio"], case["size_gb"], pin_memory=False, device="cpu", layout=case["layout"])
-        buffers = {"temporal_buffer": host.temporal_buffer, **{f"conv_buffer[{i}]": b for i, b in enumerate(host.conv_buffer)}}
+        conv = {f"conv_buffer[{i}]": b for i, b in enumerate(host.conv_buffer)}
+        buffers = {"temporal_buffer": host.temporal_buffer, **conv}
         return summary(host, buffers, pages, 1, True)
     if kind == "indexer":
         dev = DSATokenToKVPool(size=case["device_tokens"], page_size=64, kv_lora_rank=16, dtype=torch.bfloat16,

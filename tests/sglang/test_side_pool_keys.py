@@ -80,7 +80,9 @@ def host_pool(case):
         cls = MLATokenToKVPoolHost if case["attention"] == "mla" else MHATokenToKVPoolHost
         return cls.__new__(cls)
     if case["pool"] == "mamba":
-        return types.SimpleNamespace(conv_buffer=[object()] * case["conv"], temporal_state_elem_size=int(case["temporal"]))
+        return types.SimpleNamespace(
+            conv_buffer=[object()] * case["conv"], temporal_state_elem_size=int(case["temporal"])
+        )
     if case["pool"] == "swa" and not case["mla"]:
         return types.SimpleNamespace(v_buffer=object())
     return types.SimpleNamespace()
@@ -105,14 +107,14 @@ def sglang_0_5_23_suffixes(all_cases: list[dict]) -> list[list[str]]:
 def test_suffixes_match_sglang_0_5_23():
     all_cases = cases("0.5.23")
     theirs = sglang_0_5_23_suffixes(all_cases)
-    for case, sglang in zip(all_cases, theirs):
+    for case, sglang in zip(all_cases, theirs, strict=True):
         assert case["ours"] == sglang, case
 
 
 def test_suffixes_match_sglang_0_5_14():
     all_cases = cases("0.5.14")
     theirs = run_0_5_14(BUILDER + "\nRESULT = [sglang_suffixes(case) for case in PAYLOAD]\n", all_cases)
-    for case, sglang in zip(all_cases, theirs):
+    for case, sglang in zip(all_cases, theirs, strict=True):
         assert case["ours"] == sglang, case
 
 

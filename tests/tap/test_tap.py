@@ -217,7 +217,7 @@ def test_same_bytes_in_the_host_pool(runs):
     direct, tapped, before = runs["direct_pool"], runs["tapped_pool"], runs["before"]
     assert torch.equal(direct.kv_buffer.view(torch.uint8), tapped.kv_buffer.view(torch.uint8))
     # The bytes really moved: pages 0..5 were written and read back into 10..15 (and 4, 5 into 16, 17) ...
-    for src, dst in zip(range(6), range(10, 16)):
+    for src, dst in zip(range(6), range(10, 16), strict=True):
         assert torch.equal(page_bytes(direct, dst), before[src])
         assert not torch.equal(before[dst], before[src])
     assert torch.equal(page_bytes(direct, 16), before[4]) and torch.equal(page_bytes(direct, 17), before[5])
@@ -248,7 +248,7 @@ def test_recording_has_one_line_per_call(runs):
         assert r["v"] == 1 and r["pid"] == os.getpid() and r["tp_rank"] == 0 and r["error"] is None
         assert isinstance(r["ts"], float) and r["latency_ms"] >= 0
     assert [r["seq"] for r in lines] == sorted(r["seq"] for r in lines)
-    for r, (name, expected) in zip(calls, EXPECTED):
+    for r, (name, expected) in zip(calls, EXPECTED, strict=True):
         assert {"keys", "pages", "result", "bytes", "latency_ms"} <= set(r)
         if name != "exists-v2":
             assert r["result"] == expected, name
@@ -310,8 +310,9 @@ def test_rank_file_and_store_errors_are_recorded_and_reraised(mooncake_master, t
     """tp rank 1 of 2 records to its own file with its own object suffix; an exception from the store
     is recorded and reaches the caller unchanged."""
     tag = f"rank-{uuid.uuid4().hex[:8]}"
-    extra = {**mooncake_extra(mooncake_master, tag), "backend_name": "hicache_tap", "module_path": "hicache_ops.commands.tap",
-             "class_name": CLASS_NAME, "interface_v1": 1, "tap_path": str(tmp_path / "r.jsonl")}  # fmt: skip
+    extra = {**mooncake_extra(mooncake_master, tag), "backend_name": "hicache_tap",
+             "module_path": "hicache_ops.commands.tap", "class_name": CLASS_NAME, "interface_v1": 1,
+             "tap_path": str(tmp_path / "r.jsonl")}  # fmt: skip
     cfg = storage_config(extra)
     cfg.tp_size, cfg.tp_rank = 2, 1
     pool = host_pool()
@@ -606,7 +607,8 @@ def test_the_tap_class_serves_every_recorded_method():
 
 def test_importing_the_tap_and_cli_stays_light():
     code = (
-        "import sys, hicache_ops.commands.tap, hicache_ops.commands.tap.plan, hicache_ops.commands.trace.show, hicache_ops.cli.tap,"
+        "import sys, hicache_ops.commands.tap, hicache_ops.commands.tap.plan, hicache_ops.commands.trace.show, "
+        "hicache_ops.cli.tap,"
         " hicache_ops.cli.trace.show\n"
         "heavy = [m for m in ('torch', 'sglang', 'mooncake') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

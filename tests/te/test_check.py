@@ -9,7 +9,8 @@ Three references:
   SGLang's own class with its setup() call noted on the way through, so reuse is SGLang's log line
   plus setup() given the shared engine (and the client then reporting the engine's session), and
   non-reuse is setup() called without an engine (the store starting its own). Only Mooncake's
-  setup() may fail (a named RDMA device does not exist here); a failure before it fails the test. The engine is built with MOONCAKE_PROTOCOL=tcp so it initialises without
+  setup() may fail (a named RDMA device does not exist here); a failure before it fails the test.
+  The engine is built with MOONCAKE_PROTOCOL=tcp so it initialises without
   RDMA; SGLang's decision never reads the engine's protocol. Rows whose SGLang start-up needs RDMA
   sysfs (PD with an IB device) are compared with the rule only;
 - SGLang 0.5.14's own code runs in a child process: tests/te/test_check_0_5_14.py.
@@ -133,7 +134,8 @@ TABLE = [
     Row(
         "REUSE_TE=false-but-PD-mooncake_tcp-makes-one",
         flags=HICACHE
-        + " --disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp --disaggregation-ib-device mlx5_0",
+        + " --disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp --disaggregation-ib-device "
+        "mlx5_0",
         env={"MOONCAKE_MASTER": MASTER, "SGLANG_HICACHE_MOONCAKE_REUSE_TE": "false"},
     ).both(True),
     Row(

@@ -193,7 +193,7 @@ def decisions(tmp_path_factory):
         theirs = run_0_5_14(SCRIPT, payload, timeout=600)
     finally:
         master.stop()
-    return dict(zip((r.id for r in ROWS), zip(ours, theirs)))
+    return dict(zip((r.id for r in ROWS), zip(ours, theirs, strict=True), strict=True))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
@@ -204,7 +204,7 @@ def test_table_against_sglang_0_5_14(row, decisions):
     if theirs["mc_force_tcp"] == "1" and "mooncake_tcp" in row.flags:
         assert theirs["transfer_backend"] == "mooncake" and theirs["ib_device"] is None
     assert len(theirs["ranks"]) == len(ours.ranks) > 0
-    for mine, sglang in zip(ours.ranks, theirs["ranks"]):
+    for mine, sglang in zip(ours.ranks, theirs["ranks"], strict=True):
         label = mine.rank.label
         assert sglang["engine"] is ours.conditions[0].ok, label
         if sglang["engine"]:

@@ -193,7 +193,7 @@ def test_serve_warm_prefetch_and_trace_with_a_pool_preset(tmp_path):
         first = json.loads(prompts.read_text().splitlines()[0])["input_ids"]
         report = expected_keys(first, 16, deployment_of_serve(config), pools=side_pools_of_serve(config))
         row = report.pages[5]
-        mamba = [k for k, pool in zip(row.object_keys, row.object_pools) if pool == "mamba"]
+        mamba = [k for k, pool in zip(row.object_keys, row.object_pools, strict=True) if pool == "mamba"]
         with StoreClient.connect(config["master_rpc_address"], segment_size=0) as store:
             assert store.remove_keys(mamba, prefix=report.key_prefix + row.page_key, force=True) == [0, 0]
         observed = hicache(["trace", "read", "--tokens", ids, "--serve", serve.url, "--json"])

@@ -58,7 +58,7 @@ def _table(data: dict) -> None:
         f"[bold]hicache lab[/] {data['subnet']}  (this host: {data['bridge']['address']} on {data['bridge']['name']})"
     )
     for n, line in enumerate(lines):
-        text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+        text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         stdout.print(f"[bold]{text}[/]" if n == 0 else text, markup=n == 0)
     from hicache_ops.commands.lab.state import run_dir_flag
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -27,6 +29,11 @@ class _RootGroup(HicacheGroup):
 
     def main(self, args=None, prog_name=None, **extra):
         argv = list(sys.argv[1:] if args is None else args)
+        if argv and set(argv) <= {"--version", "-V", "--json"} and set(argv) != {"--json"}:
+            # `hicache --version --json`: the root takes no --json of its own, so answer here.
+            info = version_info()
+            sys.stdout.write((json.dumps(info, indent=2) if "--json" in argv else version_text(info)) + "\n")
+            sys.exit(0)
         if not _json_requested(argv):
             return super().main(args=argv, prog_name=prog_name, **extra)
         extra.pop("standalone_mode", None)
@@ -47,6 +54,41 @@ class _RootGroup(HicacheGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def version_info() -> dict[str, object]:
+    """hicache-ops' version, the SGLang releases it knows, and the Mooncake release (metadata only)."""
+    from importlib import metadata
+
+    from hicache_ops import __version__
+    from hicache_ops.mooncake import versions as mooncake_versions
+    from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, default_version
+
+    try:
+        sglang: str | None = metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        sglang = None
+    mooncake = mooncake_versions.installed()
+    return {
+        "hicache_ops": __version__,
+        "sglang": {"supported": list(SUPPORTED_VERSIONS), "default": default_version(), "installed": sglang},
+        "mooncake": {
+            "measured": mooncake_versions.MEASURED,
+            "installed": {"distribution": mooncake[0], "version": mooncake[1]} if mooncake else None,
+        },
+    }
+
+
+def version_text(info: dict) -> str:
+    sglang, mooncake = info["sglang"], info["mooncake"]
+    installed = mooncake["installed"]
+    return (
+        f"hicache-ops {info['hicache_ops']}\n"
+        f"SGLang {', '.join(sglang['supported'])} (default {sglang['default']}; "
+        f"{'installed ' + sglang['installed'] if sglang['installed'] else 'not installed'})\n"
+        f"Mooncake {mooncake['measured']} (measured; "
+        f"{'installed ' + installed['distribution'] + ' ' + installed['version'] if installed else 'not installed'})"
+    )
+
+
 app = typer.Typer(
     name="hicache",
     cls=_RootGroup,
@@ -57,9 +99,36 @@ app = typer.Typer(
         "hicache serve",
         "hicache playbook list",
     ),
-    add_completion=False,
+    # Typer's --install-completion / --show-completion for bash, zsh, fish and PowerShell.
+    add_completion=True,
     pretty_exceptions_enable=False,
+    # -h everywhere: subcommands inherit the root context's help option names.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(version_text(version_info()) + "\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Show hicache-ops' version, the SGLang releases it knows and the Mooncake release, then exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Make every step between SGLang HiCache and its Mooncake L3 tier visible and testable."""
+
+
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(bench.app, name="bench")
 app.command("serve", cls=HicacheCommand, epilog=serve.EXAMPLES)(serve.serve)

@@ -127,7 +127,8 @@ def serve(
         str,
         typer.Option(
             "--hicache-host-memory-mode",
-            help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent (refused).",
+            help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent "
+            "(refused).",
             metavar="MODE",
             rich_help_panel=DEPLOYMENT,
         ),
@@ -192,7 +193,9 @@ def serve(
 ) -> None:
     """Run the embedded tiered cache (L1/L2/L3, Mooncake master included) behind an HTTP API.
 
-    Policy defaults are SGLang's, the same in 0.5.14 and 0.5.23: write policy write_through, prefetch stop policy timeout, prefetch threshold 256 tokens; the timeout budget and prefetch limits follow --sglang-version (docs/controller.md).
+    Policy defaults are SGLang's, the same in 0.5.14 and 0.5.23: write policy write_through, prefetch
+    stop policy timeout, prefetch threshold 256 tokens; the timeout budget and prefetch limits follow
+    --sglang-version (docs/controller.md).
     """
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec

@@ -71,7 +71,10 @@ def _verdict(data: dict) -> str:
     s = data["summary"]
     total = len(data["prompts"])
     if data["dry_run"]:
-        return f"[bold]dry run:[/] {s['pending']} of {total} prompt(s) would be written ({s['pages']} pages); nothing was written."
+        return (
+            f"[bold]dry run:[/] {s['pending']} of {total} prompt(s) would be written ({s['pages']} pages); "
+            "nothing was written."
+        )
     if data["complete"]:
         return f"[bold green]complete:[/] every page of {total} prompt(s) is in L3."
     missing = s["not_landed"] + s["failed"] + s["pending"]
@@ -336,7 +339,8 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
 
     if master is None or rpc is None:
         raise InputError(
-            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --master-rpc HOST:RPC_PORT (copying)."
+            "--migrate-prefix needs the master's --master HOST:METRICS_PORT (listing) and --master-rpc HOST:RPC_PORT "
+            "(copying)."
         )
 
     from hicache_ops.cli.common.output import native_stderr_to_file
@@ -352,8 +356,10 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
     def render(report: MigrationReport) -> None:
         d = json_data(report)
         stdout.print(
-            f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> {d['target_prefix'] or '(unprefixed)'}: "
-            f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed {d['removed']}, "
+            f"{d['objects']} object(s) under {d['source_prefix'] or '(unprefixed)'} -> "
+            f"{d['target_prefix'] or '(unprefixed)'}: "
+            f"copied {d['copied']}, already there {d['already_there']}, verified {d['verified']}, removed "
+            f"{d['removed']}, "
             f"failed {len(d['failed'])}" + (" (dry run)" if d["dry_run"] else ""),
         )
 

@@ -373,7 +373,7 @@ def run_playbook(
         )
     run = PlaybookRun(playbook.name, playbook.title, playbook.symptom, "pass")
     cache: dict[str, tuple[int, object]] = {}
-    for check, missing in zip(playbook.checks, needs):
+    for check, missing in zip(playbook.checks, needs, strict=True):
         if interrupt.requested():
             run.interrupted = interrupt.reason()
             run.status = "incomplete"

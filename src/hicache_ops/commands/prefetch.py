@@ -129,7 +129,10 @@ def prefetch_prompts(
         if info["hit_pages"] and not info["completed_pages"]:
             # The stop policy cut it to nothing: no page was inserted, so nothing was verified.
             row.bytes, row.verified = 0, False
-            row.reason = f"cut to zero pages: {row.reason or config['stop_policy']}; {info['hit_pages']} page(s) in L3, none inserted"
+            row.reason = (
+                f"cut to zero pages: {row.reason or config['stop_policy']}; "
+                f"{info['hit_pages']} page(s) in L3, none inserted"
+            )
         if info["hit_pages"]:
             for policy in pol.STOP_POLICIES:
                 deadline = pol.stop_deadline(policy, budget, admission, config["sglang_version"])

@@ -133,12 +133,13 @@ class _Expected:
 
 
 def _required(report: KeyReport, pools: Sequence[PoolSpec]) -> _Expected:
-    keys, n = [], len(report.pages)
+    keys: list[str] = []
+    n = len(report.pages)
     needed = {pool.name: set(read_pages(pool, n)) for pool in pools}
     for row in report.pages:
         keys.extend(
             k
-            for k, pool in zip(row.object_keys, row.object_pools or ["kv"] * len(row.object_keys))
+            for k, pool in zip(row.object_keys, row.object_pools or ["kv"] * len(row.object_keys), strict=True)
             if pool == "kv" or row.index in needed[pool]
         )
     return _Expected(report, keys)
@@ -188,7 +189,7 @@ def _mark_present(plans, admin) -> None:
     keys = [k for p in todo for k in p[3].object_keys]
     exists = admin.exists(keys) if keys else []
     at = 0
-    for _, _, _, report, outcome in todo:
+    for *_, outcome in todo:
         flags = exists[at : at + outcome.objects]
         at += outcome.objects
         outcome.present_objects = sum(flags)
@@ -275,7 +276,8 @@ def warm_serve(
         raise InputError(
             "the serve's L3 is an existing Mooncake cluster, and warming it writes synthetic KV that real "
             "requests would then reuse.",
-            hint="Pass --synthetic if that cluster is a test cluster, or warm through a real SGLang server with --sglang-url.",
+            hint="Pass --synthetic if that cluster is a test cluster, or warm through a real SGLang server with "
+            "--sglang-url.",
         )
     check_side_pools(config, pool_texts, pool_preset)
     _check_fits_serve(prompts, config)
@@ -538,7 +540,8 @@ def _why_not_landed(prompt, keys, outcome, admin, deployment, page_size, ek, cs,
         )
     if len(prompt.input_ids) < prefetch_threshold:
         reasons.append(
-            f"the prompt is shorter than the prefetch threshold ({prefetch_threshold}): no instance would prefetch it anyway"
+            f"the prompt is shorter than the prefetch threshold ({prefetch_threshold}): no instance would prefetch "
+            "it anyway"
         )
     return "; ".join(reasons)
 
@@ -603,7 +606,7 @@ def migrate_prefix(
         return report
     targets = [target + k[len(source) :] for k in keys]
     present = store.batch_is_exist(targets)
-    for i, (old, new) in enumerate(zip(keys, targets)):
+    for i, (old, new) in enumerate(zip(keys, targets, strict=True)):
         data = store.get(old)
         if not data:
             report.failed.append(old)

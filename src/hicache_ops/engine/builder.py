@@ -7,6 +7,7 @@ scale; otherwise every rank gets real device and host pools and, with a store, a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
@@ -20,6 +21,9 @@ from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme, check_dcp
 from hicache_ops.sglang.rewrites import resolve_layout
 from hicache_ops.sglang.side_pool_specs import PoolSpec, check_pool, pool_suffixes
 from hicache_ops.sglang.versions import NEWEST
+
+if TYPE_CHECKING:
+    from hicache_ops.mooncake.store_client import StoreClient
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,8 @@ class EngineSpec:
             raise InputError(f"a pool is given twice: {', '.join(names)}; SGLang registers each pool once.")
         if self.side_pools and self.dcp_size > 1:
             raise InputError(
-                "side pools under DCP are not modelled by the engine: give --pool/--pool-preset or --dcp-size, not both."
+                "side pools under DCP are not modelled by the engine: give --pool/--pool-preset or --dcp-size, not "
+                "both."
             )
         for pool in self.side_pools:
             check_pool(pool, self.sglang_version, self.geometry.mla)
@@ -175,7 +180,7 @@ class EngineSpec:
             return [f"cuda:{r}" for r in range(self.tp_size)]
         return ["cpu"] * self.tp_size
 
-    def memory_needed(self) -> dict:
+    def memory_needed(self) -> dict[str, Any]:
         """Bytes every rank's pools take, summed over ranks (checked before allocating)."""
         host = self.host_layout(mooncake=True)
         rank_tokens = (self.device_tokens + self.page_size) // self.dcp_size
@@ -204,7 +209,8 @@ def check_memory(spec: EngineSpec) -> None:
     available = _available_memory()
     if available is not None and host_total > 0.9 * available:
         raise InputError(
-            f"the pools need {host_total / 2**30:.2f} GiB of host memory but only {available / 2**30:.2f} GiB is available.",
+            f"the pools need {host_total / 2**30:.2f} GiB of host memory but only {available / 2**30:.2f} GiB is "
+            "available.",
             hint="Lower --device-tokens, --hicache-ratio or --hicache-size, or use a smaller geometry.",
         )
 
@@ -220,7 +226,7 @@ def _available_memory() -> int | None:
     return None
 
 
-def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
+def build_bytes(spec: EngineSpec, store: StoreClient | None = None) -> TieredCache:
     """The real-bytes cache; with `store` (a Mooncake store client) L3 is Mooncake.
 
     Every rank's host pool is registered with the store so puts and gets are zero-copy.
@@ -240,7 +246,7 @@ def build_bytes(spec: EngineSpec, store=None) -> TieredCache:
         for r in range(spec.tp_size)
     ]
     if spec.side_pools:
-        for pools, scheme in zip(ranks, spec.schemes()):
+        for pools, scheme in zip(ranks, spec.schemes(), strict=True):
             pools.side = allocate_side(host.page_num, spec.side_pool_suffixes(scheme), side_object_bytes(spec.geometry))
     plane = BytesPlane(ranks, spec.geometry, spec.page_size, spec.tp_size, dcp_size=spec.dcp_size)
     l3 = None

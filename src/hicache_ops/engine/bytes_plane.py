@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,7 +129,7 @@ class BytesPlane:
 
     def compute(self, device_pages: list[int], storage_keys: list[str]) -> None:
         for pools in self.ranks:
-            for page, key in zip(device_pages, storage_keys):
+            for page, key in zip(device_pages, storage_keys, strict=True):
                 ref = self.reference(key, pools.rank, pools.device_k.device)
                 s = self._slots(page)
                 if pools.device_v is None:
@@ -165,7 +166,7 @@ class BytesPlane:
                 unit="page",
             )
         self._sync()
-        bad = [k for p, k in zip(device_pages, storage_keys) if not self.device_page_ok(p, k)]
+        bad = [k for p, k in zip(device_pages, storage_keys, strict=True) if not self.device_page_ok(p, k)]
         return len(device_pages) * self.bytes_per_page * len(self.ranks), bad
 
     def device_page_ok(self, page: int, storage_key: str) -> bool:
@@ -253,18 +254,18 @@ class MooncakeL3:
         ranks = [rank_exists(r, kv) for r, kv in enumerate(hits)]
         return loadable_prefix(self.schemes[0].version, self.pools, ranks, len(storage_keys))
 
-    def side_presence(self, storage_keys: list[str], pages: int) -> list[dict[str, list[list[dict]]]]:
+    def side_presence(self, storage_keys: list[str], pages: int) -> list[dict[str, list[list[dict[str, Any]]]]]:
         """Per rank, pool and page (the first `pages`), each side object with whether the master holds it."""
         wanted = [
             (r, pool.name, i, f"{scheme.prefix}{storage_keys[i]}{suffix}")
-            for r, (scheme, side) in enumerate(zip(self.schemes, self._side))
+            for r, (scheme, side) in enumerate(zip(self.schemes, self._side, strict=True))
             for pool in self.pools
             for i in range(pages)
             for suffix in side[pool.name]
         ]
         flags = self.store.batch_is_exist([w[3] for w in wanted]) if wanted else []
         out = [{pool.name: [[] for _ in range(pages)] for pool in self.pools} for _ in self.schemes]
-        for (r, pool, i, key), present in zip(wanted, flags):
+        for (r, pool, i, key), present in zip(wanted, flags, strict=True):
             out[r][pool][i].append({"key": key, "present": bool(present)})
         return out
 
@@ -299,7 +300,7 @@ class MooncakeL3:
                 put = self.store.batch_put_from(
                     [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo]
                 )
-                for i, code in zip(todo, put):
+                for i, code in zip(todo, put, strict=True):
                     codes[i] = code
                     if code == 0:
                         outcome.written += 1
@@ -339,14 +340,14 @@ class MooncakeL3:
             o["ptr"] = side.ptr(host_pages[o["page"]], o["pool"], o["suffix"])
             o["size"] = side.object_bytes
         exists = self.store.batch_is_exist([o["key"] for o in objects])
-        todo = [o for o, e in zip(objects, exists) if not e]
+        todo = [o for o, e in zip(objects, exists, strict=True) if not e]
         outcome.skipped += len(objects) - len(todo)
         codes = (
             self.store.batch_put_from([o["key"] for o in todo], [o["ptr"] for o in todo], [o["size"] for o in todo])
             if todo
             else []
         )
-        for o, code in zip(todo, codes):
+        for o, code in zip(todo, codes, strict=True):
             o["code"] = code
             if code == 0:
                 outcome.written += 1
@@ -354,7 +355,7 @@ class MooncakeL3:
                 outcome.nbytes += o["size"]
             else:
                 outcome.failed.append(o["key"])
-        for o, e in zip(objects, exists):
+        for o, e in zip(objects, exists, strict=True):
             outcome.objects.append({**o, "existed": bool(e), "code": o.get("code")})
 
     def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
@@ -393,7 +394,7 @@ class MooncakeL3:
         """Every rank reads each pool's objects of the pages its hit policy loads (all pages, or the
         last N before the stop point) into its side slots, verified against the reference bytes."""
         wanted, got = [], []
-        for scheme, suffixes in zip(self.schemes, self._side):
+        for scheme, suffixes in zip(self.schemes, self._side, strict=True):
             side = self._pools(scheme).side
             mine = [
                 (
@@ -415,7 +416,7 @@ class MooncakeL3:
                     )
                 )
                 wanted.extend(mine)
-        for (side, pool, page, suffix, key, _), n in zip(wanted, got):
+        for (side, pool, page, suffix, key, _), n in zip(wanted, got, strict=True):
             if n <= 0:
                 outcome.ok[page] = False
                 outcome.side_failures.append({"key": key, "pool": pool.name, "page": page, "why": f"read {n} bytes"})

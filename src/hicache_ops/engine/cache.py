@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # load-back finds the same bytes and must not count them again.
         self._counted_mismatches: set[str] = set()
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
-        self._observer: Callable[[str, dict], None] | None = None
+        self._observer: Callable[[str, dict[str, Any]], None] | None = None
 
     def _emit(self, event: str, **data) -> None:
         if self._observer is not None:
@@ -124,7 +125,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         *,
         with_keys: bool = False,
         force_backup: bool = False,
-        observer: Callable[[str, dict], None] | None = None,
+        observer: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> PrefillResult:
         """Serve one prompt (no decode); the result's breakdown adds up to the prompt's tokens.
 
@@ -425,7 +426,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             self.device.reset()
             self.host.reset()
 
-    def occupancy(self) -> dict:
+    def occupancy(self) -> dict[str, Any]:
         nodes = self.tree.all_nodes()
         return {
             "tree_nodes": len(nodes),

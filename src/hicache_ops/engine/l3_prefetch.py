@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hicache_ops.engine.planes import ReadOutcome
 from hicache_ops.engine.results import PrefetchInfo, PrefillResult
@@ -155,7 +156,11 @@ class L3Prefetch:
         self.host.give_many(host_pages[done:])
         verified = outcome.verified[:done]
         info.mismatched_pages = len(verified) - sum(map(bool, verified))
-        self._counted_mismatches.update(key for key, ok in zip(storage_keys[pos : pos + done], verified) if not ok)
+        # strict=False: under pressure the two lengths differ; strict=True made tests/engine/test_oracle.py's
+        # device_evicted cases differ from SGLang. Why they differ is for the engine's owner to settle.
+        self._counted_mismatches.update(
+            key for key, ok in zip(storage_keys[pos : pos + done], verified, strict=False) if not ok
+        )
         result.mismatched_pages += info.mismatched_pages
         self._emit("stop_policy", info=info, policy=cfg.stop_policy, admission_s=cfg.admission_s)
         if not done:
@@ -172,7 +177,7 @@ class L3Prefetch:
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
-        observer: Callable[[str, dict], None] | None = None,
+        observer: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> PrefillResult:
         """Pull a prompt's pages from L3 into the host pool only (no device load, no compute).
 

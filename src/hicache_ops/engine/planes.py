@@ -9,7 +9,7 @@ at benchmark scale; bytes.py holds the real-bytes implementations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only, loadable_prefix, writes_side_pool, written_pages
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
@@ -39,10 +39,10 @@ class ReadOutcome:
     nbytes: int = 0
     # Objects that read a byte count other than this deployment's object size: written by a
     # deployment with another dtype, head count or page size under the same keys.
-    size_mismatches: list[dict] = field(default_factory=list)
+    size_mismatches: list[dict[str, Any]] = field(default_factory=list)
     side_objects: int = 0  # side-pool objects read (docs/side-pools.md#side-objects-in-the-engine)
     # Side-pool objects that read <= 0 bytes or other bytes than their reference: {"key", "pool", "page", "why"}.
-    side_failures: list[dict] = field(default_factory=list)
+    side_failures: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -52,7 +52,7 @@ class WriteOutcome:
     failed: list[str] = field(default_factory=list)  # object keys whose put failed
     nbytes: int = 0
     # Per object, for tracing: {"key", "rank", "existed", "ptr", "size", "code"} (code None: skipped).
-    objects: list[dict] = field(default_factory=list)
+    objects: list[dict[str, Any]] = field(default_factory=list)
     side_written: int = 0  # of `written`, side-pool objects (their records carry "pool")
 
 
@@ -124,7 +124,7 @@ class MemoryL3:
 
             return exists
 
-        ranks = [presence(scheme, side) for scheme, side in zip(self.schemes, self._side)]
+        ranks = [presence(scheme, side) for scheme, side in zip(self.schemes, self._side, strict=True)]
         return loadable_prefix(self.schemes[0].version, self.pools, ranks, len(storage_keys))
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
@@ -176,11 +176,11 @@ def side_layout(schemes: list[ObjectKeyScheme], pools: tuple[PoolSpec, ...]) -> 
     return [{pool.name: pool_suffixes(pool, scheme) for pool in pools} for scheme in schemes]
 
 
-def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_keys: list[str]) -> list[dict]:
+def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_keys: list[str]) -> list[dict[str, Any]]:
     """The side-pool objects one node's L3 backup writes: per writing rank and pool, the pages the
     pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "page_key", "suffix"}."""
     out = []
-    for scheme, suffixes in zip(schemes, side):
+    for scheme, suffixes in zip(schemes, side, strict=True):
         for pool in pools:
             if not writes_side_pool(scheme.version, scheme, pool):
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -57,7 +58,7 @@ class PrefillResult:
     def cached(self) -> int:
         return self.device_hit + self.host_hit + self.storage_hit
 
-    def to_json(self, with_keys: bool = False) -> dict:
+    def to_json(self, with_keys: bool = False) -> dict[str, Any]:
         data = asdict(self)
         if not with_keys:
             data.pop("page_keys")

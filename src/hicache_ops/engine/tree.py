@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
+from typing import Any
 
 from hicache_ops.sglang.versions import V0_5_14
 
@@ -128,7 +129,7 @@ def _common_pages(run: list[str], keys: list[str], start: int) -> int:
     return lo
 
 
-EVICTION_PRIORITY: dict[str, Callable[[Node], tuple]] = {
+EVICTION_PRIORITY: dict[str, Callable[[Node], tuple[Any, ...]]] = {
     # docs/controller.md#eviction-policies; the node id breaks ties the same way every run.
     "lru": lambda node: (node.last_access, node.id),
     "lfu": lambda node: (node.hit_count, node.last_access, node.id),

@@ -149,7 +149,7 @@ def copy_tokens(
     d_idx = device_tokens.to(target)
     h_idx = host_tokens.to(target)
     n = d_idx.numel()
-    for dev, hst in zip(device, host):
+    for dev, hst in zip(device, host, strict=True):
         word = _word_bytes(dev, hst, row_bytes=geom.row_bytes)
         dw = geom.row_bytes // word
         dv = as_words(dev, word)  # (L, N, H, DW)

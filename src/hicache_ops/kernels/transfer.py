@@ -189,7 +189,7 @@ def find_runs(device_tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[tu
     brk = ((d[1:] - d[:-1]) != 1) | ((h[1:] - h[:-1]) != 1)
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), brk.nonzero().flatten() + 1])
     ends = torch.cat([starts[1:], torch.tensor([n])])
-    return list(zip(d[starts].tolist(), h[starts].tolist(), (ends - starts).tolist()))
+    return list(zip(d[starts].tolist(), h[starts].tolist(), (ends - starts).tolist(), strict=True))
 
 
 def _pieces(run: tuple[int, int, int], page_size: int, paged: bool, max_pages: int = 1 << 62):
@@ -313,7 +313,7 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
 def copy_gather(plan: TransferPlan, *, to_host: bool) -> None:
     """One gather and one scatter per component with advanced indexing (any devices)."""
     ps = plan.geometry.page_size
-    for dev, host in zip(plan.device, plan.host):
+    for dev, host in zip(plan.device, plan.host, strict=True):
         d = plan.device_tokens.to(dev.device)
         h = plan.host_tokens.to(host.device)
         p, s = h // ps, h % ps

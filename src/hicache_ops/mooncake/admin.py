@@ -77,11 +77,12 @@ class AdminClient:
     def _request(self, path: str, method: str = "GET") -> tuple[int, bytes]:
         for attempt in (0, 1):
             fresh = self._conn is None
-            if fresh:
+            if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = self._conn
             try:
-                self._conn.request(method, path)
-                resp = self._conn.getresponse()
+                conn.request(method, path)
+                resp = conn.getresponse()
                 body = resp.read()
                 if resp.getheader("connection", "").lower() == "close":
                     self.close()

@@ -1,4 +1,5 @@
-"""The Mooncake store config a deployment really uses, resolved the way SGLang resolves it (docs/mooncake.md#config-resolution).
+"""The Mooncake store config a deployment really uses, resolved the way SGLang resolves it
+(docs/mooncake.md#config-resolution).
 
     cfg = resolve_store_config("0.5.23", extra_config={"master_server_address": "10.0.0.1:50051"})
     cfg.master_server_address, cfg.sources["protocol"]   # "rdma", "env-default:MOONCAKE_PROTOCOL"
@@ -293,7 +294,8 @@ def resolve_store_config(
         data = _load_file(config_path)
         if "master_server_address" not in data and "client_server_address" not in data:
             raise InputError(
-                f"the Mooncake config file {config_path!r} has neither master_server_address nor client_server_address.",
+                f"the Mooncake config file {config_path!r} has neither master_server_address nor "
+                "client_server_address.",
                 hint="Add master_server_address (HOST:RPC_PORT of the mooncake_master).",
             )
         origin, mapping, label = "file", data, f"file:{config_path}"
@@ -407,7 +409,8 @@ def check_metadata_server(value: str) -> str:
     if not text:
         raise InputError("metadata_server is empty.", hint="Use P2PHANDSHAKE (the SGLang default).")
     raise InputError(
-        f"metadata_server {value!r} would be read as an etcd address; with no etcd here the client hangs ~10 s and fails.",
+        f"metadata_server {value!r} would be read as an etcd address; with no etcd here the client hangs ~10 s and "
+        "fails.",
         hint="Use P2PHANDSHAKE (the SGLang default) or http://HOST:PORT/metadata.",
     )
 

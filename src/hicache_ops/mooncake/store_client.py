@@ -144,7 +144,7 @@ def error_for(code: int, *, op: str, key: str | None = None, master: str = "") -
 
 def raise_for_codes(codes: Sequence[int], keys: Sequence[str], *, op: str, master: str = "") -> None:
     """Raise the typed error of the first negative code (put: 0 is ok; get: bytes read >= 0 is ok)."""
-    for key, code in zip(keys, codes):
+    for key, code in zip(keys, codes, strict=True):
         if code < 0:
             raise error_for(code, op=op, key=key, master=master)
 
@@ -382,7 +382,7 @@ class StoreClient:
         self._ready("batch_is_exist")
         codes = self._store.batch_is_exist(list(keys))
         out = []
-        for key, code in zip(keys, codes):
+        for key, code in zip(keys, codes, strict=True):
             if code < 0:
                 if code in RPC_CODES or code == -1:
                     raise self._rpc_failed("batch_is_exist")
@@ -425,7 +425,7 @@ class StoreClient:
             time.sleep(wait)
             wait = min(wait * 2, 1.0)
             again = call([keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
-            for i, code in zip(todo, again):
+            for i, code in zip(todo, again, strict=True):
                 codes[i] = code
             self._check_all_failed(again, "batch_put_from")
         return codes

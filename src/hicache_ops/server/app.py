@@ -50,7 +50,8 @@ class TraceRequest(BaseModel):
     flush: bool = Field(False, description="Flush L1 and L2 first (to trace the L3 path).")
     observe: bool = Field(
         False,
-        description="Read only: observe the path without changing the cache (src/hicache_ops/commands/trace/observe.py).",
+        description="Read only: observe the path without changing the cache "
+        "(src/hicache_ops/commands/trace/observe.py).",
     )
 
 

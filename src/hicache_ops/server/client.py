@@ -111,7 +111,7 @@ class ServeClient:
                 error = response.json()["error"]
             except (ValueError, KeyError, TypeError):
                 error = {"message": response.text.strip() or f"HTTP {response.status_code}", "hint": None}
-            cls = InputError if response.status_code < 500 else ServeError
+            cls: type[HicacheError] = InputError if response.status_code < 500 else ServeError
             if response.status_code == 503:
                 cls = UnreachableError
             raise cls(error.get("message") or f"HTTP {response.status_code}", hint=error.get("hint"))

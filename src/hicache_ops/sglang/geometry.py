@@ -8,9 +8,12 @@ Pure Python: torch is imported only by `ModelGeometry.torch_dtype`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 # dtype name -> (bytes per element, dtype the buffers are stored in). SGLang stores fp8 KV as
 # uint8 because index_put is not implemented for the float8 types.
@@ -102,13 +105,15 @@ class ModelGeometry:
                 )
 
     @classmethod
-    def mha(cls, layers: int, kv_heads: int, head_dim: int, dtype: str = "bfloat16", name: str | None = None):
+    def mha(
+        cls, layers: int, kv_heads: int, head_dim: int, dtype: str = "bfloat16", name: str | None = None
+    ) -> ModelGeometry:
         return cls(layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, name=name)
 
     @classmethod
     def mla_model(
         cls, layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: str = "bfloat16", name: str | None = None
-    ):
+    ) -> ModelGeometry:
         return cls(
             layers=layers,
             mla=True,
@@ -133,11 +138,12 @@ class ModelGeometry:
         """MLA: the latent row width per token and layer; MHA: head_dim."""
         return self.kv_lora_rank + self.qk_rope_head_dim if self.mla else self.head_dim
 
-    def torch_dtype(self, *, stored: bool = True):
+    def torch_dtype(self, *, stored: bool = True) -> torch.dtype:
         """The torch dtype (the stored one by default: uint8 for fp8). Imports torch."""
         import torch
 
-        return getattr(torch, _TORCH_NAMES[self.stored_dtype if stored else self.dtype])
+        dtype: torch.dtype = getattr(torch, _TORCH_NAMES[self.stored_dtype if stored else self.dtype])
+        return dtype
 
     def heads_per_rank(self, tp_size: int = 1) -> int:
         """KV heads one attention-TP rank holds: max(1, kv_heads // tp_size); MLA: 1.
@@ -175,7 +181,7 @@ class ModelGeometry:
     def with_dtype(self, dtype: str) -> ModelGeometry:
         return replace(self, dtype=dtype)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
             "attention": "mla" if self.mla else "mha",
@@ -282,6 +288,7 @@ def resolve_geometry(
                 f"an MLA geometry needs {', '.join(missing)}.",
                 hint="Give --layers, --kv-lora-rank and --qk-rope-head-dim, or a --preset.",
             )
+        assert layers is not None and kv_lora_rank is not None and qk_rope_head_dim is not None  # `missing` is empty
         return ModelGeometry.mla_model(layers, kv_lora_rank, qk_rope_head_dim, dtype)
     if kv_lora_rank is not None or qk_rope_head_dim is not None:
         raise InputError(
@@ -299,6 +306,7 @@ def resolve_geometry(
             f"an MHA geometry needs {', '.join(missing)}.",
             hint="Give --layers, --heads and --head-dim, or a --preset.",
         )
+    assert layers is not None and kv_heads is not None and head_dim is not None  # `missing` is empty
     return ModelGeometry.mha(layers, kv_heads, head_dim, dtype)
 
 

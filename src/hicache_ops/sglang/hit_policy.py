@@ -90,8 +90,8 @@ def loadable_prefix(
     pool_hits = {name: n for name, n in pool_hits.items() if n}
     if old:
         return LoadablePrefix(kv, min(final_all), None, pool_hits, final_all)
-    stops = sorted(restorable_all or ())
-    return LoadablePrefix(kv, stops[-1] if stops else 0, stops, pool_hits, final_all)
+    ordered = sorted(restorable_all or ())
+    return LoadablePrefix(kv, ordered[-1] if ordered else 0, ordered, pool_hits, final_all)
 
 
 def written_pages(pool: PoolSpec, pages: int) -> list[int]:

@@ -87,7 +87,9 @@ class HostBufferDims:
     @property
     def page_object_order(self) -> tuple[int, ...]:
         """The permutation of `page_object_dims` that gives one canonical page."""
-        return _order(self.page_object_dims, CANONICAL_PAGE_DIMS)
+        dims = self.page_object_dims
+        assert dims is not None, "a scattered (layer_first) page has no one-block order"
+        return _order(dims, CANONICAL_PAGE_DIMS)
 
 
 # The host layouts a deployment can choose (--hicache-mem-layout), per attention kind, with their
@@ -151,7 +153,7 @@ class BufferSpec:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.itemsize
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
@@ -180,7 +182,7 @@ class PageObject:
     heads: tuple[int, int] | None = None
     split: int | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"buffer": self.buffer, "offset": self.offset, "size": self.size, "part": self.part}
         if self.layer is not None:
             out["layer"] = self.layer
@@ -195,7 +197,7 @@ class PageMeta:
     index: int
     objects: tuple[PageObject, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "objects": [o.to_json() for o in self.objects]}
 
 
@@ -486,7 +488,7 @@ class HostPoolLayout:
             out.append("tp-lcm-size only splits heads for MHA with the page_head layout; it changes nothing here.")
         return out
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "sglang_version": self.sglang_version,
             "geometry": self.geometry.to_json(),
@@ -561,7 +563,7 @@ class DevicePoolLayout:
     def nbytes(self) -> int:
         return self.slots * self.geometry.bytes_per_token(self.tp_size)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "slots": self.slots,
             "k_shape": list(self.k_shape),

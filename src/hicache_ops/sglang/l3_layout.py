@@ -46,7 +46,7 @@ class L3Layout:
     def stages(self) -> list[int]:
         return [pp for pp, _ in self.kv_suffixes] or sorted({pp for p in self.side_pools for pp, _ in p.served or ()})
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
             "reason": self.reason,
@@ -115,7 +115,7 @@ def parse_l3_layout(reply: Any) -> L3Layout:
         raise _malformed("key_prefix is neither a string nor null")
     stages = [pp_rank] if pp_rank is not None else list(range(pp_size))
     entries = [_entry(raw, at) for at, raw in enumerate(inner["pools"])]
-    by_name: dict[str, list] = {}
+    by_name: dict[str, list[Any]] = {}
     for entry in entries:
         by_name.setdefault(entry[0], []).append(entry)
     for name, found in by_name.items():
@@ -127,7 +127,7 @@ def parse_l3_layout(reply: Any) -> L3Layout:
         raise _malformed("an enabled layout lists no pools")
 
     def served(name: str) -> Stages:
-        return tuple((pp, tuple(suffixes)) for pp, (_, suffixes, _, _) in zip(stages, by_name[name]))
+        return tuple((pp, tuple(suffixes)) for pp, (_, suffixes, _, _) in zip(stages, by_name[name], strict=True))
 
     side = tuple(
         PoolSpec(name, window=found[0][3] or 1, policy=found[0][2], served=served(name))
@@ -155,11 +155,11 @@ def _stage_schemes(deployment: Deployment, stages: list[int]) -> dict[int, Objec
     return {pp: out[pp] for pp in stages if pp in out}
 
 
-def rule_disagreements(layout: L3Layout, deployment: Deployment) -> list[dict]:
+def rule_disagreements(layout: L3Layout, deployment: Deployment) -> list[dict[str, Any]]:
     """Where the layout differs from this toolkit's key rule for `deployment`:
     `[{pool, field, server, rule}]`, field one of pool (a name we do not know), suffixes, hit_policy,
     trailing_pages, pp_size."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     if layout.pp_size != deployment.pp_size:
         out.append({"pool": None, "field": "pp_size", "server": layout.pp_size, "rule": deployment.pp_size})
     schemes = _stage_schemes(deployment, layout.stages)
@@ -186,13 +186,13 @@ def rule_disagreements(layout: L3Layout, deployment: Deployment) -> list[dict]:
     return out
 
 
-def flag_disagreements(layout: L3Layout, flags: list[PoolSpec], deployment: Deployment) -> list[dict]:
+def flag_disagreements(layout: L3Layout, flags: list[PoolSpec], deployment: Deployment) -> list[dict[str, Any]]:
     """Where pools given by flags differ from the layout's: `[{pool, field, server, flag}]`, field one
     of pool (present on one side only: the value says which), suffixes, hit_policy, trailing_pages."""
     served = {spec.name: spec for spec in layout.side_pools}
     given = {spec.name: spec for spec in flags}
     schemes = _stage_schemes(deployment, layout.stages)
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for name in [*served, *(n for n in given if n not in served)]:
         if name not in given or name not in served:
             out.append({"pool": name, "field": "pool", "server": name in served, "flag": name in given})
@@ -216,22 +216,22 @@ class PoolChoice:
     pools: list[PoolSpec]
     source: str  # FROM_LAYOUT or FROM_FLAGS
     layout: L3Layout | None = None
-    pool_disagreements: list[dict] = field(default_factory=list)
-    rule_disagreements: list[dict] = field(default_factory=list)
+    pool_disagreements: list[dict[str, Any]] = field(default_factory=list)
+    rule_disagreements: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def source_text(self) -> str:
         return SOURCE_TEXT[self.source]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         layout = (
             None if self.layout is None else {**self.layout.to_json(), "rule_disagreements": self.rule_disagreements}
         )
         return {"pool_source": self.source, "l3_layout": layout, "pool_disagreements": self.pool_disagreements}
 
 
-def choose_pools(reply: dict | None, flags: list[PoolSpec], deployment: Deployment) -> PoolChoice:
+def choose_pools(reply: dict[str, Any] | None, flags: list[PoolSpec], deployment: Deployment) -> PoolChoice:
     """The layout's side pools when `reply` is enabled (flags compared with them), else `flags`.
 
     `reply` is the server's raw layout (None: it publishes none, as 0.5.14 or an older 0.5.23).

@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.flag_names import SGLANG_FLAGS
@@ -323,7 +324,8 @@ def parse_ib_device(raw: str | None, *, flag: str) -> str | dict[int, str] | Non
     for key, value in mapping.items():
         if not str(key).isdigit() or not isinstance(value, str):
             raise InputError(
-                f"{flag} maps {key!r} to {value!r}: keys must be GPU ids and values device strings (SGLang fails to start)."
+                f"{flag} maps {key!r} to {value!r}: keys must be GPU ids and values device strings (SGLang fails to "
+                "start)."
             )
         out[int(key)] = value.strip()
     if not out:
@@ -362,7 +364,7 @@ def normalise_ib_device(raw: str | None, *, flag: str) -> str | None:
 EXTRA_CONFIG_SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 
 
-def load_extra_config(text: str | None, *, where: str) -> dict | None:
+def load_extra_config(text: str | None, *, where: str) -> dict[str, Any] | None:
     """--hicache-storage-backend-extra-config: a JSON object, or "@FILE" (.json, .toml, .yaml/.yml).
 
     None or "" -> None. `where` names the option in error sentences.

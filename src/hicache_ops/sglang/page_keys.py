@@ -14,16 +14,18 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23, validate_version
 
+if TYPE_CHECKING:  # numpy loads on first use, so `hicache --help` does not import it
+    import numpy as np
+
 try:  # the native loop; keys are identical without it, only slower
     from hicache_ops.sglang import _pagehash
 except ImportError:  # pragma: no cover - exercised where OpenSSL headers were missing at build
-    _pagehash = None
+    _pagehash = None  # type: ignore[assignment]  # the module is optional: None means the Python loop
 
 NAMESPACE_DOMAIN = b"sglang-cache-namespace-v1"
 UINT32_MAX = 2**32 - 1
@@ -41,7 +43,7 @@ def dcp_prefix_part(tp_size: int, dcp_size: int, page_size: int, pp_size: int, a
     return f"tp{tp_size}_dcp{dcp_size}_page{page_size}_pp{pp_size}_cp{attn_cp_size}"
 
 
-def dcp_topology(prefix: str) -> dict | None:
+def dcp_topology(prefix: str) -> dict[str, Any] | None:
     """The DCP topology a key prefix names (tp/dcp/page/pp/cp sizes), or None for a non-DCP prefix."""
     match = _DCP_PREFIX_PART.search(prefix)
     if match is None:
@@ -57,6 +59,8 @@ def dcp_topology(prefix: str) -> dict | None:
 
 def _first_bad_token(items: Sequence[object]) -> InputError:
     """The InputError for the first element that is not a valid token id."""
+    import numpy as np
+
     for i, t in enumerate(items):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
             return InputError(f"token {i} is {t!r}, not an integer token id.")
@@ -73,6 +77,8 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, version: str) -> np.ndarr
     SGLang rejects negative ids in both versions; 0.5.14 packs every id into 4 bytes so it
     cannot hash ids above 2**32-1; 0.5.23 hashes such pages in a wide form up to 2**63-1.
     """
+    import numpy as np
+
     validate_version(version)
     if isinstance(tokens, np.ndarray):
         arr = tokens
@@ -167,6 +173,8 @@ def _chain_python(tokens: np.ndarray, page_size: int, prior: bytes | None) -> li
 
 def _chain(tokens: np.ndarray, page_size: int, prior_hex: str | None) -> list[str]:
     """Keys of whole pages of uint32-range tokens, chained after `prior_hex`."""
+    import numpy as np
+
     prior = bytes.fromhex(prior_hex) if prior_hex else None
     if _pagehash is not None:
         return _pagehash.chain(np.ascontiguousarray(tokens), page_size, prior)
@@ -195,6 +203,8 @@ def page_keys(
     namespace seed of (extra_key, cache_salt); 0.5.14 ignores both. `prior`, the key of the page
     before `tokens`, continues a chain instead (the namespace is then already in it).
     """
+    import numpy as np
+
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise InputError(f"page size {page_size!r} is not a positive integer.")
     if prior is None:
@@ -216,7 +226,7 @@ def page_keys(
     n_full = arr.size // page_size
     full = arr[: n_full * page_size]
 
-    keys: list[str] = []
+    keys = []
     if n_full:
         wide_pages: list[int] = []
         if version == V0_5_23 and int(full.max()) > UINT32_MAX:
@@ -330,6 +340,7 @@ class ObjectKeyScheme:
             if self.model_name:
                 parts.append("-".join(self.model_name.split("/")))
             if self.dcp_size > 1:
+                assert self.page_size is not None  # __post_init__ requires it with DCP
                 parts.append(
                     dcp_prefix_part(self.tp_size, self.dcp_size, self.page_size, self.pp_size, self.attn_cp_size)
                 )
@@ -345,6 +356,7 @@ class ObjectKeyScheme:
         if self.mla:
             return [f"_{self.pp_rank}_k" if pp else "__k"]
         if self.split_heads:
+            assert self.tp_lcm_size is not None  # split_heads is true only with a tp_lcm_size
             factor = self.tp_lcm_size // self.tp_size
             ranks = [self.tp_rank * factor + i for i in range(factor)]
         else:
@@ -439,7 +451,7 @@ class Deployment:
                 raise InputError(
                     f"under MLA with DCP only tp ranks 0..{self.dcp_size - 1} (one per DCP shard) write to L3; "
                     f"tp-rank {self.tp_rank} writes nothing.",
-                    hint=f"Drop --tp-rank or pass --tp-rank {self.tp_rank % self.dcp_size}.",
+                    hint=f"Drop --tp-rank or pass --tp-rank {(self.tp_rank or 0) % self.dcp_size}.",
                 )
             raise InputError(
                 f"under MLA only tp rank 0 writes to L3; tp-rank {self.tp_rank} writes nothing.",

@@ -13,12 +13,15 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.sglang.launch import LaunchArgs
 from hicache_ops.sglang.page_keys import Deployment
 from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_23
+
+if TYPE_CHECKING:
+    import httpx
 
 # docs/server-info.md#routes: prefer the current route; the alias exists in both versions.
 INFO_ROUTES = ("/server_info", "/get_server_info")
@@ -70,9 +73,9 @@ class ServerInfo:
     hicache_ratio: float | None
     hicache_size_gb: int | None
     storage_backend: str | None
-    extra_config: dict | None
+    extra_config: dict[str, Any] | None
     max_total_num_tokens: int | None
-    l3_layout: dict | None
+    l3_layout: dict[str, Any] | None
     launch_flags: str = ""
     notes: tuple[str, ...] = ()
 
@@ -161,9 +164,9 @@ class Resolution:
 
     server: ServerInfo
     values: dict[str, Any]
-    disagreements: list[dict] = field(default_factory=list)
+    disagreements: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "url": self.server.url,
             "version": self.server.version,
@@ -188,7 +191,7 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _get(client, url: str, route: str, timeout: float):
+def _get(client: httpx.Client, url: str, route: str, timeout: float) -> httpx.Response:
     import httpx
 
     try:
@@ -202,7 +205,7 @@ def _get(client, url: str, route: str, timeout: float):
         ) from None
 
 
-def _json_body(response, url: str, route: str) -> dict:
+def _json_body(response: httpx.Response, url: str, route: str) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
@@ -216,7 +219,7 @@ def _json_body(response, url: str, route: str) -> dict:
     return body
 
 
-def fetch_server_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict, str]:
+def fetch_server_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[dict[str, Any], str]:
     """The raw info body of the SGLang server at `url`, and the route that answered.
 
     Every wait is bounded by `timeout` seconds; no answer is an UnreachableError (exit 3), an
@@ -244,7 +247,7 @@ def fetch_server_info(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> tuple[
         raise InputError(f"{base} is not an SGLang server: {', '.join(statuses)}.")
 
 
-def fetch_l3_layout(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict | None:
+def fetch_l3_layout(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any] | None:
     """0.5.23's L3 object layout reply (docs/side-pools.md#l3-layout-endpoint), None when not served."""
     import httpx
 
@@ -268,7 +271,7 @@ def supported_version(version: str) -> str | None:
     return None
 
 
-def _extra_config(source: Any) -> tuple[dict | None, list[str]]:
+def _extra_config(source: Any) -> tuple[dict[str, Any] | None, list[str]]:
     """The storage extra-config as a dict, or None with a note saying why it cannot be read."""
     if source is None or source == "":
         return None, []
@@ -292,7 +295,7 @@ def _extra_config(source: Any) -> tuple[dict | None, list[str]]:
 _LAUNCH_BOOKKEEPING = ("given", "warnings")
 
 
-def launch_flags(body: dict, version: str | None) -> str:
+def launch_flags(body: dict[str, Any], version: str | None) -> str:
     """Launch flags equivalent to the resolved values the launch-flag parser reads (docs/launch.md).
 
     A value SGLang resolved is passed as the flag that would set it; false switches and unset
@@ -315,12 +318,12 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _int(body: dict, name: str, default: int) -> int:
+def _int(body: dict[str, Any], name: str, default: int) -> int:
     value = _positive_int(body.get(name))
     return default if value is None else value
 
 
-def _storage_tp_size(body: dict) -> int:
+def _storage_tp_size(body: dict[str, Any]) -> int:
     """Attention TP with DP attention, else the whole TP (docs/server-info.md#storage-tp).
 
     0.5.23 reports the attention-DP width as `attn_dp_size`; 0.5.14 has `dp_size` with the
@@ -333,13 +336,13 @@ def _storage_tp_size(body: dict) -> int:
     return max(tp // attn_dp // _int(body, "attn_cp_size", 1), 1)
 
 
-def _attn_dp_size(body: dict) -> int:
+def _attn_dp_size(body: dict[str, Any]) -> int:
     if "attn_dp_size" in body:
         return _int(body, "attn_dp_size", 1)
     return _int(body, "dp_size", 1) if body.get("enable_dp_attention") else 1
 
 
-def interpret(body: dict, url: str, route: str, l3_layout: dict | None = None) -> ServerInfo:
+def interpret(body: dict[str, Any], url: str, route: str, l3_layout: dict[str, Any] | None = None) -> ServerInfo:
     """Read a server-info body (docs/server-info.md#body-0514, #body-0523) into a ServerInfo."""
     notes: list[str] = []
     version = str(body["version"])
@@ -440,7 +443,7 @@ def resolve_from_server(url: str, given: dict[str, Any], *, timeout: float = DEF
     return Resolution(server=info, values={**served, **given}, disagreements=disagreements)
 
 
-def serve_disagreements(serve_config: dict, info: ServerInfo) -> list[dict]:
+def serve_disagreements(serve_config: dict[str, Any], info: ServerInfo) -> list[dict[str, Any]]:
     """Where a `hicache serve` instance does not mirror the SGLang server: `[{field, serve, server}]`.
 
     Its prefetch verdicts describe its own configuration; each difference says how far they
@@ -465,4 +468,4 @@ def serve_disagreements(serve_config: dict, info: ServerInfo) -> list[dict]:
 def _same(flag: Any, server: Any) -> bool:
     if isinstance(flag, (int, float)) and isinstance(server, (int, float)) and not isinstance(flag, bool):
         return float(flag) == float(server)
-    return flag == server
+    return bool(flag == server)

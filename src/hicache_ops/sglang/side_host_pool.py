@@ -69,7 +69,7 @@ class SideObject:
     suffix: str
     range: PageObject
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"suffix": self.suffix, **self.range.to_json()}
 
 
@@ -78,7 +78,7 @@ class SidePageMeta:
     index: int
     objects: tuple[SideObject, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "objects": [o.to_json() for o in self.objects]}
 
 
@@ -132,7 +132,7 @@ class SideHostPool:
     def objects_per_page(self) -> int:
         return len(self.page_objects(0)) if self.zero_copy else 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "sglang_class": self.sglang_class,
@@ -193,7 +193,8 @@ def _side_geometry(spec: PoolSpec, main: ModelGeometry, mla: bool, default_layer
     if heads is None or head_dim is None:
         raise InputError(
             f"pool {spec.name}: an MHA pool on an MLA model needs its own heads and head size.",
-            hint=f"Pass --pool {spec.name}:attention=mha,heads=N,head_dim=D (the draft model's KV heads and head size).",
+            hint=f"Pass --pool {spec.name}:attention=mha,heads=N,head_dim=D (the draft model's KV heads and head "
+            "size).",
         )
     return ModelGeometry.mha(layers, heads, head_dim, main.dtype)
 
@@ -324,6 +325,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
             hint="Use --pool-preset qwen3-next, or --pool mamba:layers=N,conv_shapes=AxB,temporal_shape=HxDxS "
             "(shapes at tp-size 1).",
         )
+    assert spec.layers is not None and spec.conv_shapes is not None  # else `missing` raised above
     if len(spec.conv_shapes) != spec.conv:
         raise InputError(f"pool mamba: conv={spec.conv} but {len(spec.conv_shapes)} conv_shapes.")
     if kv.layout not in MAMBA_LAYOUTS[version]:
@@ -334,7 +336,12 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
         )
     L, tp = spec.layers, kv.tp_size
     conv_shapes = [_per_rank(s, tp, f"conv_shapes[{i}]") for i, s in enumerate(spec.conv_shapes)]
-    temporal_shape = _per_rank(spec.temporal_shape, tp, "temporal_shape") if spec.temporal else (0,)
+    # spec.temporal_shape is set whenever spec.temporal is (else `missing` raised above)
+    temporal_shape = (
+        _per_rank(spec.temporal_shape, tp, "temporal_shape")
+        if spec.temporal and spec.temporal_shape is not None
+        else (0,)
+    )
     conv_dtype = spec.conv_dtype or "bfloat16"
     temporal_dtype = spec.temporal_dtype or "float32"
     conv_isz, temporal_isz = _MAMBA_ITEMSIZE[conv_dtype], _MAMBA_ITEMSIZE[temporal_dtype]

@@ -8,7 +8,9 @@ Mooncake store zips them with the pool's buffers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
@@ -121,7 +123,7 @@ class PoolSpec:
             options.append(f"window={self.window}")
         return self.name + (":" + ",".join(options) if options else "")
 
-    def to_json(self, suffixes: list[str]) -> dict:
+    def to_json(self, suffixes: list[str]) -> dict[str, Any]:
         return {
             "name": self.name,
             "suffixes": suffixes,
@@ -163,7 +165,7 @@ def _build(text: str, spec: PoolSpec) -> PoolSpec:
     return spec
 
 
-def parse_pool_fields(text: str) -> tuple[str, dict]:
+def parse_pool_fields(text: str) -> tuple[str, dict[str, Any]]:
     """The pool name and the options given in `NAME[:k=v,...]`: attention=mla|mha, conv=N,
     temporal=0|1, window=PAGES, and for `inspect layout` layers=N, tokens=N, heads=N, head_dim=N,
     conv_shapes=AxB[+CxD...], temporal_shape=AxBxC, conv_dtype=DTYPE, temporal_dtype=DTYPE."""
@@ -171,7 +173,7 @@ def parse_pool_fields(text: str) -> tuple[str, dict]:
     name = name.strip()
     if not name:
         raise InputError(f"--pool {text!r} has no pool name.")
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in options.split(","))):
         key, sep, value = item.partition("=")
         if not sep:
@@ -401,7 +403,7 @@ def combine_pools(preset_pools: list[PoolSpec], texts: list[str]) -> list[PoolSp
 
 
 def side_pools_for(
-    pool_texts, preset_name: str | None, version: str, mla: bool, page_size: int
+    pool_texts: Sequence[str] | None, preset_name: str | None, version: str, mla: bool, page_size: int
 ) -> tuple[PoolSpec, ...]:
     """The side pools `--pool` / `--pool-preset` give a deployment whose attention kind is fixed
     (the engine's geometry): a preset of the other kind is refused rather than followed. The
@@ -413,6 +415,7 @@ def side_pools_for(
         want, have = ("MLA", "MHA") if chosen.mla else ("MHA", "MLA")
         raise InputError(
             f"pool preset {preset_name} is for an {want} model but the engine's geometry is {have}.",
-            hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA ones.",
+            hint="Pick a geometry (--preset) of the same attention kind, e.g. tiny-mla for MLA presets, tiny for MHA "
+            "ones.",
         )
     return tuple(combine_pools(chosen.specs(page_size), list(pool_texts or ())))

@@ -143,7 +143,8 @@ def _render(data: dict) -> None:
         ratio = f"  ({base / prefilled[name]:.1f}x fewer than L1)" if base and name != "l1" and prefilled[name] else ""
         stdout.print(f"  {labels[name]:<9} {_tokens(prefilled[name]):>7}{ratio}")
     stdout.print(
-        f"  {'ceiling':<9} {_tokens(prefilled['ceiling']):>7}  (the new questions and each history's partial last page)",
+        f"  {'ceiling':<9} {_tokens(prefilled['ceiling']):>7}  (the new questions and each history's partial last "
+        "page)",
     )
     stdout.print("cliffs (first round below the ceiling; predicted from the pool sizes):")
     for name in configs:
@@ -160,7 +161,8 @@ def _render(data: dict) -> None:
             pf, waves = conf["prefetches"], conf["waves"]
             if conf["l3"]:
                 stdout.print(
-                    f"{labels[name]} at concurrency {data['workload']['concurrency']}: prefetches issued {pf['issued']:,}, "
+                    f"{labels[name]} at concurrency {data['workload']['concurrency']}: prefetches issued "
+                    f"{pf['issued']:,}, "
                     f"refused by the in-flight limit {pf['rate_limited']:,} ({data['in_flight_rule']}), "
                     f"0.5.23 retries {waves.get('retried', 0):,} ({waves.get('retried_issued', 0):,} went out) "
                     f"and re-queries after a match shrank {waves.get('requeried', 0):,}; "
@@ -233,7 +235,8 @@ def multiturn(
         float | None,
         typer.Option(
             "--l1-rounds",
-            help="Device (L1) pool as rounds of every client's history (default 18: the L1 cliff where published runs show it).",
+            help="Device (L1) pool as rounds of every client's history (default 18: the L1 cliff where published "
+            "runs show it).",
             metavar="ROUNDS",
             show_default=False,
         ),
@@ -253,7 +256,8 @@ def multiturn(
         int | None,
         typer.Option(
             "--workers",
-            help="Processes for the three configurations (default: 3 in accounting mode with two CPUs or more, else 1).",
+            help="Processes for the three configurations (default: 3 in accounting mode with two CPUs or more, else "
+            "1).",
             metavar="N",
             show_default=False,
         ),

@@ -13,9 +13,10 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import Any
 
 import typer
@@ -29,7 +30,8 @@ stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 
 DEBUG_ENV = "HICACHE_DEBUG"
 # Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
-JSON_EXTRAS: ContextVar[dict] = ContextVar("json_extras", default={})
+# The default is read-only: a command sets its own dict, never fills the shared default.
+JSON_EXTRAS: ContextVar[Mapping[str, Any]] = ContextVar("json_extras", default=MappingProxyType({}))
 
 
 def print_json(data: Any) -> None:

@@ -146,14 +146,14 @@ def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
             stdout.print(f"    [dim]hint:[/] {entry['hint']}", soft_wrap=False)
     _header(report, choice)
     stdout.print(f"master {diff.master}")
-    pages = list(zip(report.pages, diff.present))
+    pages = list(zip(report.pages, diff.present, strict=True))
     ordered = [p for p in pages if not all(p[1])] + [p for p in pages if all(p[1])]
     shown, left_out = _pages_shown(ordered, 2 + _objects_per_page(report), show_all)
     for page, present in sorted(shown, key=lambda p: p[0].index):
         mark = "[green]complete[/]" if all(present) else "[red]missing[/]"
         stdout.print(f"[bold]page {page.index}[/] {mark}  tokens [{page.start}, {page.end})")
         stdout.print(f"    {page.page_key}")
-        for key, ok in zip(page.object_keys, present):
+        for key, ok in zip(page.object_keys, present, strict=True):
             stdout.print(f"  {'[green]+[/]' if ok else '[red]-[/]'} {key}")
     print_left_out(left_out, "pages")
     for note in report.notes:

@@ -84,7 +84,8 @@ def _render(data: dict) -> None:
             )
         for pool in group["pools"]:
             stdout.print(
-                f"    [bold]pool[/] {pool['pool']}  {pool['pages']} pages  complete {pool['complete_pages']}/{pool['pages']}  "
+                f"    [bold]pool[/] {pool['pool']}  {pool['pages']} pages  complete "
+                f"{pool['complete_pages']}/{pool['pages']}  "
                 f"KV pages without it {pool['kv_pages_without_pool']}  without KV {pool['pages_without_kv']}  "
                 f"suffixes {', '.join(pool['suffixes'])}",
                 highlight=False,

@@ -18,6 +18,8 @@ from hicache_ops.cli.common.options import (
     TimeoutOption,
     TpRankOption,
 )
+from hicache_ops.cli.common.output import emit, native_stderr_to_file, reporting, stderr, stdout
+from hicache_ops.cli.common.sglang_url import sglang_url_option
 
 EXAMPLES = examples(
     "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake' "
@@ -37,8 +39,6 @@ LiveMasterRpcOption = Annotated[
         rich_help_panel=INPUT,
     ),
 ]
-from hicache_ops.cli.common.output import emit, native_stderr_to_file, reporting, stderr, stdout
-from hicache_ops.cli.common.sglang_url import sglang_url_option
 
 
 def _cell(value: object) -> str:
@@ -142,7 +142,7 @@ def check(
     timeout: TimeoutOption = 30.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not reused (or --live failed), 2 bad input, 3 master unreachable.
+    """Evaluate SGLang's shared Transfer Engine rule: exit 0 reused, 1 not (or --live failed), 2 input, 3 unreachable.
 
     --server-args defaults to --enable-hierarchical-cache --hicache-storage-backend mooncake;
     --extra-config applies when the flags carry none. With --live, --master-rpc names a running

@@ -75,7 +75,8 @@ WRITE_EXAMPLES = examples(
 READ_EXAMPLES = examples(
     "hicache trace read --tokens-file prompt.jsonl --serve http://127.0.0.1:18080 --flush --allow-writes",
     "hicache trace read --tokens-file prompt.jsonl --inject prefetch-timeout --hicache-storage-prefetch-policy timeout",
-    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject missing-dcp-shard --step",
+    "hicache trace read --tokens-file prompt.jsonl --preset tiny-mla --tp-size 2 --dcp-size 2 --inject "
+    "missing-dcp-shard --step",
 )
 
 
@@ -157,7 +158,8 @@ def _trace(
                 raise InputError("--inject works with the embedded engine only, not with --serve.")
             if engine_flags_given:
                 raise InputError(
-                    f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own settings apply.",
+                    f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own "
+                    "settings apply.",
                     hint="Drop them, or trace without --serve.",
                 )
             if flush and not allow_writes:
@@ -339,7 +341,8 @@ def _command(kind: str):
             "write": "Trace a prompt from device slots to verified Mooncake objects, step by step.",
             "read": "Trace a prompt from the local match through L3 to verified device bytes, step by step.",
         }[kind]
-        + "\n\nWithout --serve the trace runs on an embedded engine (with its own loopback master) built from the deployment options."
+        + "\n\nWithout --serve the trace runs on an embedded engine (with its own loopback master) built from the "
+        "deployment options."
     )
     return command
 

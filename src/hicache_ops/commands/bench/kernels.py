@@ -401,7 +401,7 @@ def _sglang_fns(ops, kind, layout, device, host, d_tok, h_tok, page_size, itemsi
 def _page_loop(dev_buf, host_buf, page_bytes, dev_pages, host_pages, to_host: bool):
     """One cudaMemcpyAsync per page: the page's bytes between the same scattered page slots of a
     page-major device buffer and a page-major pinned host buffer (the cheapest per-page loop)."""
-    pairs = [(d * page_bytes, h * page_bytes) for d, h in zip(dev_pages.tolist(), host_pages.tolist())]
+    pairs = [(d * page_bytes, h * page_bytes) for d, h in zip(dev_pages.tolist(), host_pages.tolist(), strict=True)]
 
     def run():
         for d, h in pairs:
@@ -418,7 +418,7 @@ def _chunk_loop(kind, device, host_pfd, dev_pages, host_pages, page_size, to_hos
     page against a page_first_direct host page."""
     comps = list(device) if kind == "mha" else [device]
     hosts = [host_pfd[0], host_pfd[1]] if kind == "mha" else [host_pfd]
-    pairs = list(zip(dev_pages.tolist(), host_pages.tolist()))
+    pairs = list(zip(dev_pages.tolist(), host_pages.tolist(), strict=True))
     L = comps[0].shape[0]
 
     def run():

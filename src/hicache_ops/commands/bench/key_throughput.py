@@ -61,7 +61,7 @@ def require_same_keys(ours: Sequence[str], theirs: Sequence[str]) -> None:
     theirs = list(theirs)
     if list(ours) == theirs:
         return
-    for index, (mine, other) in enumerate(zip(ours, theirs)):
+    for index, (mine, other) in enumerate(zip(ours, theirs, strict=False)):
         if mine != other:
             raise CheckFailed(
                 f"hicache and SGLang computed different keys from page {index} on "

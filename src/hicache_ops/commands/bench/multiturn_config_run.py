@@ -58,7 +58,8 @@ def _build_bytes(spec: MultiturnSpec, config: str):
         from hicache_ops.engine.builder import build_bytes
     except ImportError as exc:
         raise InputError(
-            f"real-bytes mode needs the bytes plane (hicache_ops.engine.bytes_plane), which cannot be imported here: {exc}.",
+            "real-bytes mode needs the bytes plane (hicache_ops.engine.bytes_plane), which cannot be imported here: "
+            f"{exc}.",
             hint="Pass --accounting-only, or install torch and the package's kernels.",
         ) from None
     engine_spec = spec.engine_spec(config)

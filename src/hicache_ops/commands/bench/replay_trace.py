@@ -1,10 +1,11 @@
 """Request traces for `hicache bench replay`: two line formats, one request list in arrival order.
 
 `mooncake` (the FAST'25 trace release, docs/workloads.md#mooncake-fast25-trace): `timestamp` (ms),
-`input_length`, `output_length` and `hash_ids`, one id per 512-token block of the prompt; an id names its whole prefix, so equal ids
-at equal positions are a reusable prefix. Each id becomes 512 deterministic token ids derived from
-the id alone (a partial last block takes the first `input_length mod 512` of them): equal ids give
-equal tokens, so SGLang's chained page keys of two prompts agree exactly as far as their ids do.
+`input_length`, `output_length` and `hash_ids`, one id per 512-token block of the prompt; an id
+names its whole prefix, so equal ids at equal positions are a reusable prefix. Each id becomes 512
+deterministic token ids derived from the id alone (a partial last block takes the first
+`input_length mod 512` of them): equal ids give equal tokens, so SGLang's chained page keys of two
+prompts agree exactly as far as their ids do.
 
 `tokens`: `input_ids` (and optional `timestamp`, `output_length`, `extra_key`, `cache_salt`).
 

@@ -66,7 +66,11 @@ def missing_ranks(lookup: Lookup, _: list[dict]) -> list[dict]:
     # a lost object, which incomplete_page reports (docs/keys.md#dcp).
     if not missing or lookup.deployment.dcp_size > 1:
         return []
-    flag_of = {k: ok for row, flags in zip(lookup.pages, lookup.present) for k, ok in zip(row.object_keys, flags)}
+    flag_of = {
+        k: ok
+        for row, flags in zip(lookup.pages, lookup.present, strict=True)
+        for k, ok in zip(row.object_keys, flags, strict=True)
+    }
     rank_complete: dict[str, bool] = {}
     schemes = lookup.schemes
     for scheme in schemes:
@@ -120,7 +124,7 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
             row = lookup.pages[i]
             gone = [
                 k
-                for k, ok, name in zip(row.object_keys, lookup.present[i], row.object_pools)
+                for k, ok, name in zip(row.object_keys, lookup.present[i], row.object_pools, strict=True)
                 if name == pool.name and not ok
             ]
             if gone:
@@ -151,7 +155,8 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
                 "missing": missing_first,
                 "pool_hit_pages": served,
                 "message": f"the KV objects of page {pages[0]} are present but its {pool.name} object(s) "
-                f"{', '.join(missing_first)} are missing ({len(pages)} page(s) in all); {pool.name} needs {window}: {effect}.",
+                f"{', '.join(missing_first)} are missing ({len(pages)} page(s) in all); {pool.name} needs {window}: "
+                f"{effect}.",
                 "hint": "The side pool was written by another configuration (no speculative/hybrid pools, another "
                 "conv/temporal shape or window), its write failed, or its objects were evicted on their own.",
             }
@@ -273,7 +278,8 @@ def other_suffixes(lookup: Lookup, _: list[dict]) -> list[dict]:
                 "pages": max(found.values()),
                 "message": f"the page keys exist under the expected prefix with rank suffixes "
                 f"{', '.join(sorted(found))}, not {', '.join(expected)}.",
-                "hint": "Check --tp-size/--tp-rank/--pp-size/--pp-rank (and --tp-lcm-size with page_head) against the writer.",
+                "hint": "Check --tp-size/--tp-rank/--pp-size/--pp-rank (and --tp-lcm-size with page_head) against "
+                "the writer.",
             }
         )
     return out
@@ -299,7 +305,8 @@ def other_version_or_namespace(lookup: Lookup, _: list[dict]) -> list[dict]:
             entry["sglang_version"] = label
             entry["message"] = (
                 f"{have} page(s) exist as SGLang {label} names them (prefix {alt_schemes[0].prefix or '(none)'!r}"
-                f"{', page keys without the namespace seed' if keys_alt != lookup.page_keys else ''}); contiguous {run}."
+                f"{', page keys without the namespace seed' if keys_alt != lookup.page_keys else ''}); contiguous "
+                f"{run}."
             )
             entry["hint"] = f"The writer ran SGLang {label}: pass --sglang-version {label}."
         else:
@@ -406,10 +413,14 @@ def _prefix_hint(prefix: str, dep: Deployment) -> str:
     if dcp_topology(prefix) is not None:
         return f"The writer ran another DCP topology ({dcp_topology(prefix)}): pass its tp, DCP and page sizes."
     if not prefix:
-        return "The writer used no prefix: drop --model-name and --extra-backend-tag (or it ran SGLang 0.5.14 without a tag)."
+        return (
+            "The writer used no prefix: drop --model-name and --extra-backend-tag "
+            "(or it ran SGLang 0.5.14 without a tag)."
+        )
     parts = prefix[:-1]
     if dep.extra_backend_tag and parts.startswith(f"{dep.extra_backend_tag}_"):
-        return f"Same tag, other model: pass --model-name matching {parts[len(dep.extra_backend_tag) + 1 :]!r} ('/' is written as '-')."
+        other = parts[len(dep.extra_backend_tag) + 1 :]
+        return f"Same tag, other model: pass --model-name matching {other!r} ('/' is written as '-')."
     return (
         f"Pass the writer's --model-name and/or --extra-backend-tag so the prefix is {prefix!r} "
         "(0.5.23 joins tag and model with '_' and writes '/' as '-')."

@@ -90,7 +90,7 @@ def expected_keys(
     prefix = report.key_prefix
     for index, key in enumerate(keys):
         objects: dict[str, str] = {}  # object key -> pool, in order, each once
-        for scheme, rank in zip(schemes, report.ranks):
+        for scheme, rank in zip(schemes, report.ranks, strict=True):
             for name, suffixes in [("kv", scheme.suffixes), *rank["pools"].items()]:
                 for suffix in suffixes:
                     objects.setdefault(f"{prefix}{key}{suffix}", name)

@@ -47,11 +47,15 @@ class LiveDiff:
 def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[list[bool]]) -> LoadablePrefix:
     """SGLang's batch_exists_v2 over every selected rank (hit_policy.loadable_prefix) from the
     presence of the report's objects."""
-    flag_of = {k: ok for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags)}
+    flag_of = {
+        k: ok
+        for row, flags in zip(report.pages, present, strict=True)
+        for k, ok in zip(row.object_keys, flags, strict=True)
+    }
     prefix = report.key_prefix
     page_keys = [p.page_key for p in report.pages]
     ranks = []
-    for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks):
+    for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks, strict=True):
 
         def exists(pool, pages: int, scheme=scheme, rank=rank) -> list[bool]:
             suffixes = scheme.suffixes if pool is None else rank["pools"][pool.name]
@@ -84,13 +88,19 @@ def live_diff(
         at += len(page.object_keys)
     prefix = loadable_prefix(report, deployment, present)
     first_missing = next(
-        (k for row, flags in zip(report.pages, present) for k, ok in zip(row.object_keys, flags) if not ok), None
+        (
+            k
+            for row, flags in zip(report.pages, present, strict=True)
+            for k, ok in zip(row.object_keys, flags, strict=True)
+            if not ok
+        ),
+        None,
     )
     if prefix.kv_pages < len(report.pages):  # the object that ends the KV prefix, as batch_exists stops there
         row = report.pages[prefix.kv_pages]
         first_missing = next(
             k
-            for k, ok, pool in zip(row.object_keys, present[prefix.kv_pages], row.object_pools)
+            for k, ok, pool in zip(row.object_keys, present[prefix.kv_pages], row.object_pools, strict=True)
             if pool == "kv" and not ok
         )
     diff = LiveDiff(admin.address, present, prefix.pages, first_missing, kv_contiguous_pages=prefix.kv_pages)

@@ -77,7 +77,11 @@ class Lookup:
 
     def kv_present(self, page: int) -> list[tuple[str, bool]]:
         row = self.pages[page]
-        return [(k, ok) for k, ok, pool in zip(row.object_keys, self.present[page], row.object_pools) if pool == "kv"]
+        return [
+            (k, ok)
+            for k, ok, pool in zip(row.object_keys, self.present[page], row.object_pools, strict=True)
+            if pool == "kv"
+        ]
 
     def kv_ok(self, page: int) -> bool:
         return all(ok for _, ok in self.kv_present(page))

@@ -63,7 +63,7 @@ def probe_endpoints(endpoints: Sequence[str], *, master_host: str, timeout: floa
         return {}
     with ThreadPoolExecutor(max_workers=min(16, len(unique))) as pool:
         results = pool.map(lambda e: probe_endpoint(e, master_host=master_host, timeout=timeout), unique)
-        return dict(zip(unique, results))
+        return dict(zip(unique, results, strict=True))
 
 
 def check_segments(segments: list[dict], *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> list[dict]:

@@ -87,7 +87,8 @@ def fault(
     elif name == "host-down":
         processes.stop(target.get("process"), grace=0)
         entry["detail"] = (
-            f"h{index}'s serve (pid {target['process']['pid']}) killed; its objects leave the master after the client TTL"
+            f"h{index}'s serve (pid {target['process']['pid']}) killed; its objects leave the master after the "
+            "client TTL"
         )
     elif name == "partition":
         topology.ip("-n", target["namespace"], "route", "replace", "blackhole", f"{master['address']}/32")

@@ -1,7 +1,8 @@
 """The code that runs inside SGLang: `MooncakeTap`, SGLang's own MooncakeStore behind a recorder.
 
 SGLang's dynamic-backend contract (sglang/srt/mem_cache/storage/backend_factory.py, 0.5.14 and
-0.5.23 alike): the extra-config names `backend_name`, `module_path` and `class_name`; the class must subclass HiCacheStorage; it is built as
+0.5.23 alike): the extra-config names `backend_name`, `module_path` and `class_name`; the class
+must subclass HiCacheStorage; it is built as
 `cls(storage_config, kwargs)` -- the host pool is NOT passed to the constructor but through
 `register_mem_pool_host()` right after -- and the controller uses the zero-copy
 `batch_get_v1`/`batch_set_v1` only when the extra-config has a truthy `interface_v1` (otherwise it

@@ -293,7 +293,7 @@ def describe_result(method: str, result: Any, rec: dict) -> dict:
                 if to_jsonable(name) == "kv":
                     flags = value
         if flags is None and result:
-            flags = [all(col) for col in zip(*result.values())]
+            flags = [all(col) for col in zip(*result.values(), strict=False)]
         if flags is not None:
             out["ok_pages"] = sum(1 for r in flags if r)
             out["prefix_ok"] = _leading_true(list(flags))
@@ -371,7 +371,7 @@ def object_bytes(objects: Mapping) -> int:
     total = 0
     for entry in objects.get("put", []):
         sizes = entry.get("sizes") or []
-        for code, size in zip(entry.get("codes") or [], sizes):
+        for code, size in zip(entry.get("codes") or [], sizes, strict=False):
             if code == 0:
                 total += int(size)
     for entry in objects.get("get", []):

@@ -102,7 +102,8 @@ def _device_fix(ev: Evaluation) -> tuple[list[Change], str | None]:
             ]
             alt = (
                 f'On a TCP-only deployment instead: export {FORCE_TCP_ENV}=1 (the engine\'s ib device becomes "", '
-                "equal to the default device_name; never on RDMA hardware, where it forces every Mooncake transfer onto TCP)."
+                "equal to the default device_name; never on RDMA hardware, where it forces every Mooncake transfer "
+                "onto TCP)."
             )
             return changes, alt
         if len(set(stores)) == 1:
@@ -198,7 +199,8 @@ def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
                     )
                 )
             notes.append(
-                'this deployment runs over TCP: protocol "rdma" with MC_FORCE_TCP=1 keeps TCP and lets SGLang reuse the engine'
+                'this deployment runs over TCP: protocol "rdma" with MC_FORCE_TCP=1 keeps TCP and lets SGLang reuse '
+                "the engine"
             )
         elif cur.cfg.protocol not in ("tcp",):
             notes.append(f"SGLang never reuses the engine for protocol {cur.cfg.protocol!r}")

@@ -110,7 +110,8 @@ def build_scenario(
     )
     if from_args is not None and given is not None and from_args != given:
         raise InputError(
-            "--extra-config and the server args' --hicache-storage-backend-extra-config differ; SGLang reads only the latter.",
+            "--extra-config and the server args' --hicache-storage-backend-extra-config differ; SGLang reads only "
+            "the latter.",
             hint="Give the extra-config once.",
         )
     extra = given if given is not None else from_args
@@ -164,7 +165,8 @@ def check_reuse(
     notes: list[str] = []
     if assumed:
         notes.append(
-            "no server args given: assumed --enable-hierarchical-cache --hicache-storage-backend mooncake and SGLang's defaults."
+            "no server args given: assumed --enable-hierarchical-cache --hicache-storage-backend mooncake and "
+            "SGLang's defaults."
         )
     if len(ev.ranks) > 1 and not any(isinstance(x.actual, dict) or isinstance(x.expected, dict) for x in ev.conditions):
         notes.append(f"all {len(ev.ranks)} ranks of this node resolve alike.")

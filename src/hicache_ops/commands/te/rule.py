@@ -50,7 +50,8 @@ def require_mooncake_store(args: LaunchArgs) -> None:
     """The rule is about the HiCache Mooncake store: refuse flags that create none."""
     if args.hicache_storage_backend is not None and args.hicache_storage_backend != "mooncake":
         raise InputError(
-            f"--hicache-storage-backend is {args.hicache_storage_backend!r}: there is no Mooncake store, so no engine to reuse.",
+            f"--hicache-storage-backend is {args.hicache_storage_backend!r}: there is no Mooncake store, so no "
+            "engine to reuse.",
             hint="te check is about --hicache-storage-backend mooncake.",
         )
     if not args.enable_hierarchical_cache or args.hicache_storage_backend != "mooncake":
@@ -230,7 +231,8 @@ def _store_device_for(cfg: StoreConfig, store_tp_rank: int, warnings: list[str])
             value = table.get(str(store_tp_rank), "")
             if value is not None and value != "" and not isinstance(value, str):
                 raise InputError(
-                    f"device_name maps tp rank {store_tp_rank} to {value!r}, not a string; SGLang passes it to Mooncake's setup(), which raises TypeError.",
+                    f"device_name maps tp rank {store_tp_rank} to {value!r}, not a string; SGLang passes it to "
+                    "Mooncake's setup(), which raises TypeError.",
                     hint='Map each rank to a device string, e.g. {"0": "mlx5_0"}.',
                 )
             if value in (None, ""):
@@ -265,7 +267,8 @@ def _check_raw_types(cfg: StoreConfig, extra_config: dict | None) -> None:
             if key == "local_hostname" and cfg.sglang_version == V0_5_23 and raw[key] is None:
                 continue  # 0.5.23 falls back to "localhost" when it is null
             raise InputError(
-                f"{key} is {json.dumps(raw[key])} in {where}; SGLang passes it to Mooncake's setup(), which raises TypeError at start-up.",
+                f"{key} is {json.dumps(raw[key])} in {where}; SGLang passes it to Mooncake's setup(), which raises "
+                "TypeError at start-up.",
                 hint=f'Give {key} as a string (device_name "" for none).',
             )
 
@@ -326,7 +329,8 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
     force_tcp = env.get(FORCE_TCP_ENV) == "1"
     if FORCE_TCP_ENV in env and not force_tcp:
         warnings.append(
-            f'{FORCE_TCP_ENV}={env[FORCE_TCP_ENV]!r}: SGLang compares it with "1" exactly, so the engine\'s ib device is not "".'
+            f'{FORCE_TCP_ENV}={env[FORCE_TCP_ENV]!r}: SGLang compares it with "1" exactly, so the engine\'s ib '
+            'device is not "".'
         )
     if (
         args.disaggregation_transfer_backend == "mooncake_tcp"
@@ -334,7 +338,8 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
         and sc.env[FORCE_TCP_ENV] != "1"
     ):
         warnings.append(
-            f"--disaggregation-transfer-backend mooncake_tcp only sets {FORCE_TCP_ENV} when unset; it stays {sc.env[FORCE_TCP_ENV]!r}."
+            f"--disaggregation-transfer-backend mooncake_tcp only sets {FORCE_TCP_ENV} when unset; it stays "
+            f"{sc.env[FORCE_TCP_ENV]!r}."
         )
     raw_ib = disagg_ib or mooncake_ib
     ib_flag = "--disaggregation-ib-device" if disagg_ib else "--mooncake-ib-device"
@@ -362,7 +367,8 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
         else:
             if rank.gpu_id not in parsed_ib:
                 raise InputError(
-                    f"{ib_flag} maps GPUs {sorted(parsed_ib)} but rank {rank.label} runs on GPU {rank.gpu_id}; SGLang fails to start there.",
+                    f"{ib_flag} maps GPUs {sorted(parsed_ib)} but rank {rank.label} runs on GPU {rank.gpu_id}; "
+                    "SGLang fails to start there.",
                     hint="Key the map by GPU id (after --base-gpu-id / --gpu-id-step), one entry per GPU of the node.",
                 )
             ib, why = parsed_ib[rank.gpu_id], f"{ib_flag} map, GPU {rank.gpu_id}"
@@ -408,7 +414,8 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
             cfg.metadata_server == P2P,
             cfg.metadata_server,
             P2P,
-            f"metadata_server from {meta_src}; the shared engine always uses P2PHANDSHAKE, so SGLang only reuses it then.",
+            f"metadata_server from {meta_src}; the shared engine always uses P2PHANDSHAKE, so SGLang only reuses it "
+            "then.",
         ),
         Condition(
             "protocol_rdma",
@@ -434,7 +441,8 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
         parsed_ib, dict
     ):
         warnings.append(
-            "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS re-indexes GPU ids per process; the per-GPU ib map lookup may differ from the ids shown."
+            "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS re-indexes GPU ids per process; the per-GPU ib map lookup may "
+            "differ from the ids shown."
         )
     return Evaluation(cfg, exists, reasons, engine_protocol, force_tcp, results, conditions, warnings)
 

@@ -36,7 +36,7 @@ def shard_table(cache, tokens, depths: list[int], page_keys: list[str]) -> list[
     for s in schemes:
         by_shard.setdefault(s.dcp_rank, []).append(s)
     out = []
-    for depth, key in zip(depths, page_keys):
+    for depth, key in zip(depths, page_keys, strict=True):
         shards = []
         for d in range(dcp):
             ranks = by_shard.get(d, [])
@@ -75,7 +75,7 @@ def missing_shards(schemes: list[ObjectKeyScheme], rank_hits: list[int], page_ke
     if hit >= len(page_keys):
         return []
     out: dict[int, dict] = {}
-    for scheme, count in zip(schemes, rank_hits):
+    for scheme, count in zip(schemes, rank_hits, strict=True):
         if count != hit:
             continue
         entry = out.setdefault(

@@ -18,7 +18,8 @@ import numpy as np
 
 from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_lookup_step
-from hicache_ops.commands.trace.steps import FAIL, INFO, PASS, SKIP, Step, Tracer, _short, _Stop
+from hicache_ops.commands.trace.steps import _short
+from hicache_ops.commands.trace.tracer import FAIL, INFO, PASS, SKIP, Step, Tracer, _Stop
 from hicache_ops.sglang import policy as pol
 
 
@@ -97,7 +98,8 @@ def observe_read(
                 f"not issued: {reason}",
                 detail=detail,
                 causes=[
-                    f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {threshold} tokens",
+                    f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {threshold} "
+                    "tokens",
                     "lower extra-config prefetch_threshold, or send a longer prompt",
                 ],
             )
@@ -189,7 +191,7 @@ def observe_read(
         finally:
             cache.host.give_many(scratch)
     failed = [i for i, ok in enumerate(outcome.ok) if not ok]
-    corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified)) if ok and not v]
+    corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified, strict=True)) if ok and not v]
     detail = {
         "scratch_host_pages": scratch,
         "released": True,
@@ -323,7 +325,9 @@ def observe_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=Non
         # After this request: cached pages one more hit, computed pages their first.
         hits_after = [page.hit_count + 1 for page in cached] + [1] * (n - len(cached))
         pending = [
-            h for page, h in zip(cached + [None] * (n - len(cached)), hits_after) if page is None or not page.backed_up
+            h
+            for page, h in zip(cached + [None] * (n - len(cached)), hits_after, strict=True)
+            if page is None or not page.backed_up
         ]
         threshold = pol.write_through_threshold(cfg.write_policy)
         due = [h for h in pending if threshold is not None and h >= threshold]
@@ -339,7 +343,8 @@ def observe_write(cache, tokens, *, extra_key=None, cache_salt=None, on_step=Non
             why = (
                 "write_back copies a page to host only when it leaves the GPU, and nothing would be evicted"
                 if cfg.write_policy == "write_back"
-                else f"{cfg.write_policy} backs a page up on hit {threshold}; these pages would have {sorted(set(pending))} hit(s)"
+                else f"{cfg.write_policy} backs a page up on hit {threshold}; these pages would have "
+                f"{sorted(set(pending))} hit(s)"
             )
             t.add(
                 "write policy",

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hicache_ops.commands.trace.steps import INFO, Step, trace_read, trace_write
+from hicache_ops.commands.trace.steps import trace_read, trace_write
+from hicache_ops.commands.trace.tracer import INFO, Step
 from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
 
@@ -72,7 +73,8 @@ def check_traceable(tokens: list[int], page_size: int) -> None:
     """A prompt shorter than one page produces no page: there is no path to trace."""
     if len(tokens) < page_size:
         raise InputError(
-            f"the prompt has {len(tokens)} token(s), fewer than one page of {page_size}: it produces no page to write or read.",
+            f"the prompt has {len(tokens)} token(s), fewer than one page of {page_size}: it produces no page to "
+            "write or read.",
             hint=f"Give at least {page_size} tokens (whole pages only are stored).",
         )
 

@@ -76,7 +76,7 @@ def load_records(paths: Sequence[str | Path]) -> list[dict]:
                     raise _bad_line(path, lineno, "not UTF-8 text") from None
                 try:
                     rec = json.loads(text)
-                except ValueError as exc:
+                except json.JSONDecodeError as exc:
                     raise _bad_line(path, lineno, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
                 if not isinstance(rec, dict):
                     raise _bad_line(path, lineno, f"a JSON {type(rec).__name__}, not an object")
@@ -308,7 +308,7 @@ def _object_codes_for(rec: Mapping, page_key: str | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for kind in ("exist", "put", "get"):
         for entry in (rec.get("objects") or {}).get(kind, []):
-            for key, code in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for key, code in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if page_key in key:
                     out[f"{kind}:{key}"] = code
     return out
@@ -344,7 +344,7 @@ def _key_analysis(storage: Sequence[Mapping]) -> dict:
             flags = _page_flags(r)
             if flags is None:
                 continue
-            for k, ok in zip(keys, flags):
+            for k, ok in zip(keys, flags, strict=False):
                 (written if ok else write_failed).add(k)
                 if ok:
                     written_before.add(k)
@@ -352,7 +352,7 @@ def _key_analysis(storage: Sequence[Mapping]) -> dict:
             flags = _page_flags(r)
             if flags is None:
                 continue
-            for k, ok in zip(keys, flags):
+            for k, ok in zip(keys, flags, strict=False):
                 if ok:
                     read_ok.add(k)
                     if k in written_before:
@@ -429,16 +429,16 @@ def _object_analysis(storage: Sequence[Mapping]) -> dict | None:
         seen = True
         is_write = r["method"] in WRITE_METHODS
         for entry in objs.get("put", []):
-            for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if c == 0:
                     put_ok.add(k)
         if is_write:
             for entry in objs.get("exist", []):
-                for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+                for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                     if c == 1:
                         present_at_set.add(k)
         for entry in objs.get("get", []):
-            for k, c in zip(entry.get("keys") or [], entry.get("codes") or []):
+            for k, c in zip(entry.get("keys") or [], entry.get("codes") or [], strict=False):
                 if isinstance(c, int) and c > 0:
                     get_ok.add(k)
                 else:

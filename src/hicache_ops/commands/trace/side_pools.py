@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from hicache_ops.commands.trace.tracer import PASS, Tracer
 from hicache_ops.engine.planes import side_layout
 
 __all__ = ["side_layout", "side_lookup_step", "side_pool_cut"]
@@ -66,8 +67,6 @@ def side_pool_cut(l3, keys: list[str], found) -> dict | None:
 def side_lookup_step(t: Tracer, cache, keys, found, info, detail, diagnose) -> None:
     """The L3 lookup with side pools (batch_exists_v2): the KV prefix, then each pool's hit policy;
     a side pool that shortens the prefix fails the step, naming the pool, page, rule and what is left."""
-    from hicache_ops.commands.trace.steps import PASS
-
     ps = cache.config.page_size
     pools = cache.l3.pools
     detail = {

@@ -11,75 +11,13 @@ bytes moved, the prefix was reused — are separate steps here.
 from __future__ import annotations
 
 import ctypes
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_layout, side_lookup_step
+from hicache_ops.commands.trace.tracer import FAIL, INFO, PASS, SKIP, Step, Tracer, _Stop
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import hash_page, namespace_seed
-
-PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
-
-
-@dataclass
-class Step:
-    step: int
-    name: str
-    status: str
-    summary: str
-    invariant: str = ""
-    state: str = ""  # the state this step changed
-    detail: dict = field(default_factory=dict)
-    elapsed_ms: float = 0.0
-    causes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {
-            "step": self.step,
-            "name": self.name,
-            "status": self.status,
-            "summary": self.summary,
-            "invariant": self.invariant,
-            "state": self.state,
-            "detail": self.detail,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            "causes": self.causes,
-        }
-
-
-class _Stop(Exception):
-    """Raised inside the observer once a step failed: the engine call is abandoned there."""
-
-
-class Tracer:
-    """Collects steps; `on_step` sees each one as it is made (for an interactive walk)."""
-
-    def __init__(self, cache, on_step: Callable[[Step], None] | None = None):
-        self.cache = cache
-        self.on_step = on_step
-        self.steps: list[Step] = []
-        self._last = time.perf_counter()
-
-    @property
-    def failed(self) -> bool:
-        return any(s.status == FAIL for s in self.steps)
-
-    def add(self, name: str, status: str, summary: str, **kw) -> Step:
-        now = time.perf_counter()
-        step = Step(len(self.steps) + 1, name, status, summary, elapsed_ms=(now - self._last) * 1e3, **kw)
-        self._last = now
-        self.steps.append(step)
-        if self.on_step is not None:
-            self.on_step(step)
-            self._last = time.perf_counter()  # time spent waiting for the user is not the step's
-        return step
-
-    def fail(self, name: str, summary: str, causes: list[str], **kw) -> None:
-        self.add(name, FAIL, summary, causes=causes, **kw)
-        raise _Stop()
-
 
 # --------------------------------------------------------------------------------------------
 # Helpers over the engine's planes
@@ -96,14 +34,16 @@ def _device_bad(cache, nodes_or_pages, keys) -> list[int]:
     plane = _bytes_plane(cache)
     if plane is None:
         return []
-    return [p for p, k in zip(nodes_or_pages, keys) if not plane.device_page_ok(p, k)]
+    return [p for p, k in zip(nodes_or_pages, keys, strict=True) if not plane.device_page_ok(p, k)]
 
 
 def _host_bad(cache, host_pages, keys) -> list[int]:
     plane = _bytes_plane(cache)
     if plane is None:
         return []
-    return [p for p, k in zip(host_pages, keys) if not all(plane.host_page_ok(r, p, k) for r in plane.ranks)]
+    return [
+        p for p, k in zip(host_pages, keys, strict=True) if not all(plane.host_page_ok(r, p, k) for r in plane.ranks)
+    ]
 
 
 def _spec_keys(tokens, page_size, version, extra_key, cache_salt) -> list[str]:
@@ -314,7 +254,7 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
     pools = getattr(cache.l3, "pools", ())
     side = [o for o in outcome.objects if "pool" in o]
     if pools:
-        for (label, row), suffixes in zip(per_rank.items(), side_layout(schemes, pools)):
+        for row, suffixes in zip(per_rank.values(), side_layout(schemes, pools), strict=True):
             row["side_pools"] = suffixes
         per_page: dict[int, list[str]] = {}
         for o in side:
@@ -330,7 +270,8 @@ def _write_l3_steps(t: Tracer, cache, data: dict, tokens, extra_key, cache_salt)
         PASS,
         f"{sum(len(s.suffixes) for s in schemes if s.writes) * len(keys)} KV object(s){side_text} over "
         f"{len(schemes)} rank(s), prefix {schemes[0].prefix or '(none)'}",
-        invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's MooncakeStore "
+        invariant="{prefix}{page_key}{rank suffix}{_k|_v}, side pools {page_key}{pool suffix}, as SGLang's "
+        "MooncakeStore "
         "names them",
         detail={"ranks": per_rank, **({"side_objects_by_page": per_page} if pools else {})},
     )
@@ -392,7 +333,7 @@ def _dcp_step(t: Tracer, cache, tokens, depths: list[int], keys: list[str]) -> N
     )
 
 
-def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
+def _verify_on_master(t: Tracer, cache, nodes, side: Sequence[dict] = ()) -> None:
     """Every expected object of the prompt's pages is on the master with the host copy's bytes
     (side-pool objects: with their reference bytes)."""
     from hicache_ops.engine.reference import reference_side_object
@@ -409,7 +350,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
                 sources.append((pools, node, i))
                 shard_of[key] = (scheme.dcp_rank, node.depth)
     exists = store.batch_is_exist(expected)
-    missing = [k for k, e in zip(expected, exists) if not e]
+    missing = [k for k, e in zip(expected, exists, strict=True) if not e]
     if missing:
         shards = sorted({shard_of[k] for k in missing}) if dcp_view.dcp_size_of(cache.l3.schemes) > 1 else []
         where = "; ".join(f"DCP rank {d}'s object of page {p}" for d, p in shards[:5])
@@ -425,7 +366,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
             detail={"missing": missing[:20]},
         )
     differ = []
-    for key, (pools, node, i) in zip(expected, sources):
+    for key, (pools, node, i) in zip(expected, sources, strict=True):
         if node.host_page < 0:
             continue
         piece = pools.host_layout.page_objects(node.host_page)[i]
@@ -433,7 +374,7 @@ def _verify_on_master(t: Tracer, cache, nodes, side: list[dict] = ()) -> None:
         if store.get(key) != want:
             differ.append(key)
     side_keys = [o["key"] for o in side]
-    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else []):
+    for o, present in zip(side, store.batch_is_exist(side_keys) if side_keys else [], strict=True):
         if not present:
             missing.append(o["key"])
         elif store.get(o["key"]) != reference_side_object(o["page_key"], o["suffix"], o["size"]).tobytes():
@@ -532,7 +473,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                     "prefetch decision",
                     f"not issued: {info.reason}",
                     [
-                        f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {info.threshold} tokens",
+                        "SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = "
+                        f"{info.threshold} tokens",
                         "lower extra-config prefetch_threshold, or send a longer prompt",
                     ],
                     detail=detail,
@@ -606,7 +548,7 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
         elif event == "storage_read":
             outcome, hosts = data["outcome"], data["host_pages"]
             failed = [i for i, ok in enumerate(outcome.ok) if not ok]
-            corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified)) if ok and not v]
+            corrupt = [i for i, (ok, v) in enumerate(zip(outcome.ok, outcome.verified, strict=True)) if ok and not v]
             detail = {
                 "host_pages": hosts,
                 "bytes": outcome.nbytes,
@@ -670,7 +612,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
             t.add(
                 "batch_get_into",
                 PASS,
-                f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; bytes verified",
+                f"read {len(hosts)} page(s){side_read}, {outcome.nbytes} bytes, into host pages {_short(hosts)}; "
+                "bytes verified",
                 invariant="every object read > 0 bytes and each page equals its reference",
                 state="L2 holds the pages",
                 detail=detail,

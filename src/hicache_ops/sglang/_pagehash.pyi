@@ -1,0 +1,3 @@
+"""Types of the native page-hash loop (_pagehash.c)."""
+
+def chain(tokens: object, page_size: int, prior: bytes | None, /) -> list[str]: ...
