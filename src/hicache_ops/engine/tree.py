@@ -264,11 +264,20 @@ class RadixTree:
 
     def split(self, node: Node, pages: int) -> Node:
         """Cut `node` after `pages` pages; returns the new prefix node, parent of the rest.
-        Both halves keep the node's hit count, access stamp and request locks, as SGLang's split
-        does; a host pin stays with `node` (the pinned anchor is the deeper half)."""
+        Both halves keep the node's hit count and request locks, as SGLang's split does; a host pin
+        stays with `node` (the pinned anchor is the deeper half). Both get a fresh access stamp:
+        SGLang stamps the split-off tail as it walks (0.5.14's match and insert stamp a child before
+        splitting it, then the new head is created; 0.5.23 creates the head, then stamps the tail;
+        docs/controller.md#eviction-policies), so the tail is not evicted as if it were old."""
         parent = node.parent
         head = Node(next(self._ids), node.keys[:pages], node.storage_keys[:pages], node.depth, parent)
-        head.hit_count, head.last_access = node.hit_count, node.last_access
+        head.hit_count = node.hit_count
+        if self.version == V0_5_14:
+            node.last_access = next(self._clock)
+            head.last_access = next(self._clock)
+        else:
+            head.last_access = next(self._clock)
+            node.last_access = next(self._clock)
         head.lock_ref = node.lock_ref
         if node.device is not None:
             head.device, node.device = node.device[:pages], node.device[pages:]
