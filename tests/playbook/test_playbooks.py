@@ -86,7 +86,7 @@ def test_every_playbook_parses_and_the_required_ones_exist():
         "dtype-mismatch",
     }
     result = hicache(["playbook", "show", "no-l3-hit", "--json"])
-    assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 9
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["checks"]) == 10
 
 
 def test_conditions():

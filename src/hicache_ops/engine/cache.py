@@ -255,7 +255,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                         fetched = self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
             elif self.l3 is not None and pos < cap:
                 t = time.perf_counter()
-                fetched = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result)
+                fetched = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result, tokens=arr)
                 timings["prefetch"] = (time.perf_counter() - t) * 1e3
             if fetched:
                 tree.lock([fetched[-1]])
