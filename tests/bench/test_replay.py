@@ -441,3 +441,13 @@ def test_whole_synthetic_trace_one_tier_of_3m_tokens():
     assert data["tiers"]["l1"]["evictions"] > 0 and data["tiers"]["l2"]["capacity_tokens"] == 0
     assert data["hit_rate_of_ceiling"] == pytest.approx(data["hit_rate"] / data["ceiling_hit_rate"])
     assert data["interrupted"] is False and data["wall_s"] > 0
+
+
+def test_l2_tokens_are_kept_exact():
+    """--l2-tokens 512512 over 1,000 L1 pages of 512: SGLang sizes the host pool as
+    512512 // 512 + 1 = 1,002 pages. Passing it as the ratio 1.001 lost a page to float rounding
+    (int(512000 x 1.001) = 512511, so 1,001 pages)."""
+    spec = ReplaySpec(l1_tokens=512_000, l2_tokens=512_512, l3="none", page_size=512).validate()
+    host = spec.engine_spec().host_layout(mooncake=True)
+    assert host.page_num == 512_512 // 512 + 1 == 1002
+    assert spec.baseline_capacity() == 512_512
