@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # a module on one worker, so module fixtures and file-order tests hold; PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install system-deps sglang-0.5.14 lint test serve bench-keys gpu-check clean
+.PHONY: install system-deps sglang-0.5.14 lint test test-deep serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL;
 # promtool (Debian's prometheus) checks alerts/ and the dashboard's queries.
@@ -55,6 +55,12 @@ TEST_TMP := $(CURDIR)/.cache/pytest
 test: install sglang-0.5.14 lint
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The engine's property tests with fresh, many more hypothesis examples (profile "deep" in
+# tests/conftest.py; `make test` runs the fixed "ci" draw).
+test-deep: install sglang-0.5.14
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
+	HYPOTHESIS_PROFILE=deep TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS) tests/engine
 
 # The main job: the embedded tiered cache (L1/L2/L3 with a Mooncake master) on 127.0.0.1:18080.
 SERVE_ARGS ?=

@@ -30,8 +30,20 @@ import tempfile
 import time
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from hicache_ops.mooncake.master import EmbeddedMaster
+
+# Hypothesis: `make test` draws the same examples every run (profile "ci", derandomized, no example
+# database), so a failure reproduces and a pass means the same thing each time; `make test-deep`
+# (HYPOTHESIS_PROFILE=deep) draws fresh, many more examples where a test does not fix its count.
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "deep", max_examples=2000, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Tests touch only loopback. SGLang picks the address its Transfer Engine advertises from the first
 # NIC (or a UDP "connect" towards a public DNS server) unless SGLANG_HOST_IP says otherwise.

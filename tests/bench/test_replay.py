@@ -461,3 +461,13 @@ def test_sigterm_is_named_as_what_stopped_the_replay():
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_l2_tokens_are_kept_exact():
+    """--l2-tokens 512512 over 1,000 L1 pages of 512: SGLang sizes the host pool as
+    512512 // 512 + 1 = 1,002 pages. Passing it as the ratio 1.001 lost a page to float rounding
+    (int(512000 x 1.001) = 512511, so 1,001 pages)."""
+    spec = ReplaySpec(l1_tokens=512_000, l2_tokens=512_512, l3="none", page_size=512).validate()
+    host = spec.engine_spec().host_layout(mooncake=True)
+    assert host.page_num == 512_512 // 512 + 1 == 1002
+    assert spec.baseline_capacity() == 512_512

@@ -313,6 +313,23 @@ EXAMPLES = {
         "device_evicted",
         {"0.5.14": 20, "0.5.23": 12},
     ),
+    # Issue 22, divergence 5. A 3-page prompt, an unrelated 2-page one, then a prompt sharing the
+    # first one's first page: the match splits it, and SGLang stamps the split-off 2-page tail as
+    # accessed. An unrelated prompt then needs 2 pages: the older unrelated prompt leaves (not the
+    # tail), so sending it again finds nothing on the device.
+    "split_tail_stamp": Example(
+        OracleConfig(PAGE_SIZE, 32, 2.0, "write_through"),
+        (
+            _request(range(1, 14), 1),
+            _request(range(100, 109), 1),
+            _request([1, 2, 3, 4, *range(200, 209)], 1),
+            _request(range(300, 309), 1),
+            _request(range(100, 109), 1),
+        ),
+        4,
+        "device_hit",
+        {"0.5.14": 0, "0.5.23": 0},
+    ),
 }
 
 

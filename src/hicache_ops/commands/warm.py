@@ -221,7 +221,8 @@ def _check_l3_up(url: str, config: dict, l3: dict) -> None:
             "The serve does not restart its embedded master: stop it and start `hicache serve` again "
             "(the L3 starts empty)."
             if embedded
-            else f"Bring the Mooncake master at {config.get('master_metrics_address')} back, then check the serve's /health."
+            else f"Bring the Mooncake master at {config.get('master_metrics_address')} back, "
+            "then check the serve's /health."
         ),
     )
 

@@ -71,7 +71,7 @@ class Admission:
         if pos >= cap:
             return
         info = arrival.result.prefetch
-        arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info)
+        arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info, anchor=anchor, tokens=arrival.prompt)
         if arrival.prefetch is not None and anchor is not None:
             # The anchor's host copy is pinned until admission (SGLang's protect_host): host
             # eviction then cannot shorten the match the prefetched pages attach to.

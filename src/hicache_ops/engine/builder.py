@@ -33,6 +33,8 @@ class EngineSpec:
     device_tokens: int = 4096
     hicache_ratio: float = 2.0
     hicache_size_gb: float = 0
+    # The host pool asked for in tokens instead of device_tokens x hicache_ratio (exact, no ratio).
+    host_asked_tokens: int | None = None
     layout: str = "page_first"
     io_backend: str = "kernel"
     write_policy: str = pol.DEFAULT_WRITE_POLICY
@@ -95,6 +97,7 @@ class EngineSpec:
             tp_lcm_size=self.tp_lcm_size,
             sglang_version=self.sglang_version,
             mooncake=mooncake,
+            asked_tokens=self.host_asked_tokens // self.dcp_size if self.host_asked_tokens else None,
         )
 
     def deployment(self) -> Deployment:

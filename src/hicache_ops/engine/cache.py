@@ -256,7 +256,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                         fetched = self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
             elif self.l3 is not None and pos < cap:
                 t = time.perf_counter()
-                fetched = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result)
+                fetched = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result, tokens=arr)
                 timings["prefetch"] = (time.perf_counter() - t) * 1e3
             if fetched:
                 tree.lock([fetched[-1]])
@@ -358,8 +358,23 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         tree_keys, storage_keys = self.keys_for(tokens, extra_key, cache_salt, known=prompt_keys)
         spare: list[int] = []
         if held_pages is None:
-            path, start = tree.full_nodes(tree_keys[:n_pages])
-            pages = self._alloc_device(n_pages - start) if n_pages > start else []
+            # The insert walks on from the longest run of whole nodes still on the device: a node
+            # past the request's own prompt may have left the device while it decoded (the insert
+            # revives it), and those on the device stay locked while the decode's pages are taken,
+            # so that eviction cannot drop the node the insert continues below.
+            path, _ = tree.full_nodes(tree_keys[:n_pages])
+            on_device = 0
+            while on_device < len(path) and path[on_device].device is not None:
+                on_device += 1
+            path = path[:on_device]
+            start = sum(len(n.keys) for n in path)
+            if path:
+                tree.lock([path[-1]])
+            try:
+                pages = self._alloc_device(n_pages - start) if n_pages > start else []
+            finally:
+                if path:
+                    tree.unlock([path[-1]])
         else:
             # The prompt's nodes are locked and end at its last whole page (its match and insert
             # split there); the insert walks on from that boundary.

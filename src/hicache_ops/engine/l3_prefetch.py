@@ -19,7 +19,8 @@ from hicache_ops.engine.results import PrefetchInfo, PrefillResult
 from hicache_ops.engine.tree import Node, page_views
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
-from hicache_ops.sglang.page_keys import as_token_array
+from hicache_ops.sglang.page_keys import as_token_array, page_keys
+from hicache_ops.sglang.versions import V0_5_14
 
 
 @dataclass
@@ -32,28 +33,67 @@ class IssuedPrefetch:
     outcome: ReadOutcome
 
 
+def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
+    """SGLang's gate on the node a prefetch continues from: the last node of the local match
+    (docs/controller.md#prefetch-anchor). Returns ("", None) when it is the root or backed up
+    (the lookup chains from the prompt's own keys). Past a node with no host copy: 0.5.23 issues
+    nothing (the reason, None); 0.5.14 walks up to the nearest backed-up ancestor and chains the
+    lookup keys from it (the reason, that ancestor; the root: the chain starts unseeded), so the
+    lookup asks for other keys than the prompt's and misses. `trace` and the engine both ask this."""
+    if anchor is None or anchor is tree.root or anchor.host is not None:
+        return "", None
+    if version != V0_5_14:
+        return (
+            "the local match ends in a node with no host copy: 0.5.23 prefetches only past a backed-up node "
+            "(or the root), so nothing is issued",
+            None,
+        )
+    backed = anchor.parent
+    while backed is not tree.root and backed.host is None:
+        backed = backed.parent
+    return (
+        "the local match ends in a node with no host copy: 0.5.14 chains the lookup keys from the nearest "
+        "backed-up ancestor, not from the prompt's own prefix, so the lookup asks for other keys",
+        backed,
+    )
+
+
 class L3Prefetch:
     """TieredCache's L3 prefetch (a mixin: it uses the cache's config, tree, host pool and its
     allocation, L3 tier, stats, in-flight count and observer)."""
 
-    def _fetch_to_host(self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result) -> list[Node]:
+    def _fetch_to_host(
+        self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result, tokens=None
+    ) -> list[Node]:
         """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
-        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch)
+        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
         if hold is None:
             return []
         return self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
 
-    def _issue_prefetch(self, storage_keys, pos: int, end: int, info: PrefetchInfo) -> IssuedPrefetch | None:
-        """Consider pages pos..end as SGLang does when it queues a request: threshold, in-flight
-        limit, host allocation and storage query per version; the read starts. None: not issued
-        (`info.reason` says why, naming the rule and version)."""
+    def _issue_prefetch(
+        self, storage_keys, pos: int, end: int, info: PrefetchInfo, *, anchor: Node | None = None, tokens=None
+    ) -> IssuedPrefetch | None:
+        """Consider pages pos..end as SGLang does when it queues a request: the anchor gate,
+        threshold, in-flight limit, host allocation and storage query per version; the read starts.
+        None: not issued (`info.reason` says why, naming the rule and version). `anchor`: the node
+        the local match ends in; `tokens`: the prompt (0.5.14 re-chains the keys past an unbacked
+        anchor)."""
         cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
         info.considered_tokens = info.requested_tokens = (end - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
         info.reason = ""
         threshold_pages = -(-info.threshold // ps)
         limit = pol.prefetch_limit_tokens(version, self.host.capacity * ps, cfg.device_pages * ps)
-        if info.considered_tokens < info.threshold:
+        gate, prior = prefetch_anchor(self.tree, anchor, version)
+        if gate and version == V0_5_14 and tokens is not None:
+            prior_key = prior.storage_keys[-1] if prior is not None and prior is not self.tree.root else None
+            chained = page_keys(tokens[pos * ps : end * ps], ps, V0_5_14, prior=prior_key)
+            storage_keys = list(storage_keys[:pos]) + chained
+        info.anchor_note = gate
+        if gate and version != V0_5_14:
+            info.reason = gate
+        elif info.considered_tokens < info.threshold:
             info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
         elif not cfg.enable_l2:
             info.reason = "no host pool: L3 reads stage through L2"
@@ -104,6 +144,8 @@ class L3Prefetch:
                 if hit
                 else "no page of the suffix is in L3"
             )
+            if gate:
+                info.reason += f" ({gate})"
             return None
         if host_pages is None:
             # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
@@ -224,7 +266,9 @@ class L3Prefetch:
         try:
             pos = sum(len(n.keys) for n in path)
             anchor = path[-1] if path else tree.root
-            nodes = self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result) if pos < cap else []
+            nodes = (
+                self._fetch_to_host(anchor, tree_keys, storage_keys, pos, cap, result, tokens=arr) if pos < cap else []
+            )
         finally:
             tree.unlock(held)
         result.timings_ms["prefetch"] = (time.perf_counter() - t) * 1e3

@@ -15,6 +15,9 @@ class PrefetchInfo:
     issued: bool = False
     reason: str = ""  # why not issued / revoked / cut, naming the rule and version
     rate_limited: bool = False  # refused by the in-flight limit
+    # Set when the local match ends in a node with no host copy (l3_prefetch.prefetch_anchor):
+    # 0.5.23 issues nothing, 0.5.14 looks up keys chained from the wrong prior.
+    anchor_note: str = ""
     requested_tokens: int = 0  # the span the prefetch asked for (what the in-flight limit counts)
     allocated_pages: int = 0  # host pages it got (may be partial)
     rank_hits: list[int] = field(default_factory=list)  # contiguous pages per rank

@@ -148,6 +148,12 @@ class RadixTree:
         self.root.lock_ref = 1  # never evicted
         self.device_leaves: set[Node] = set()
         self.host_leaves: set[Node] = set()
+        # Lazy heaps over the candidate sets, kept across eviction calls: (priority, node) pushed
+        # when a node becomes a candidate. A node's priority only grows (stamps and hit counts
+        # increase), so an entry is at most its node's priority: a popped entry that is stale is
+        # pushed again with the current one, and one whose node left the set is dropped.
+        self._device_heap: list[tuple[tuple, Node]] = []
+        self._host_heap: list[tuple[tuple, Node]] = []
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
         self.duplicates: dict[int, Node] = {}
         # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
@@ -161,7 +167,9 @@ class RadixTree:
         if node is self.root:
             return
         if node.device is not None and not node.lock_ref and not node.device_children:
-            self.device_leaves.add(node)
+            if node not in self.device_leaves:
+                self.device_leaves.add(node)
+                heappush(self._device_heap, (self.priority(node), node))
         else:
             self.device_leaves.discard(node)
         if (
@@ -171,7 +179,9 @@ class RadixTree:
             and not node.host_ref
             and not (node.children if self._childless_host_leaves else node.host_children)
         ):
-            self.host_leaves.add(node)
+            if node not in self.host_leaves:
+                self.host_leaves.add(node)
+                heappush(self._host_heap, (self.priority(node), node))
         else:
             self.host_leaves.discard(node)
 
@@ -265,11 +275,20 @@ class RadixTree:
 
     def split(self, node: Node, pages: int) -> Node:
         """Cut `node` after `pages` pages; returns the new prefix node, parent of the rest.
-        Both halves keep the node's hit count, access stamp and request locks, as SGLang's split
-        does; a host pin stays with `node` (the pinned anchor is the deeper half)."""
+        Both halves keep the node's hit count and request locks, as SGLang's split does; a host pin
+        stays with `node` (the pinned anchor is the deeper half). Both get a fresh access stamp:
+        SGLang stamps the split-off tail as it walks (0.5.14's match and insert stamp a child before
+        splitting it, then the new head is created; 0.5.23 creates the head, then stamps the tail;
+        docs/controller.md#eviction-policies), so the tail is not evicted as if it were old."""
         parent = node.parent
         head = Node(next(self._ids), node.keys[:pages], node.storage_keys[:pages], node.depth, parent)
-        head.hit_count, head.last_access = node.hit_count, node.last_access
+        head.hit_count = node.hit_count
+        if self.version == V0_5_14:
+            node.last_access = next(self._clock)
+            head.last_access = next(self._clock)
+        else:
+            head.last_access = next(self._clock)
+            node.last_access = next(self._clock)
         head.lock_ref = node.lock_ref
         if node.device is not None:
             head.device, node.device = node.device[:pages], node.device[pages:]
@@ -384,6 +403,23 @@ class RadixTree:
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
 
+    def _pop_candidate(self, heap: list, members: set[Node]) -> Node | None:
+        """The candidate of `members` first in policy order, off `heap` (lazy: see __init__)."""
+        priority = self.priority
+        if len(heap) > 2 * len(members) + 64:  # mostly dead entries: rebuild
+            heap[:] = [(priority(n), n) for n in members]
+            heapify(heap)
+        while heap:
+            key, node = heappop(heap)
+            if node not in members:
+                continue
+            now = priority(node)
+            if now != key:
+                heappush(heap, (now, node))
+                continue
+            return node
+        return None
+
     def evict_device(self, pages: int, write_back: Callable[[Node], bool] | None, freed: list[int]) -> tuple[int, int]:
         """Evict whole device leaves in policy order until `pages` pages are freed (or none is left).
 
@@ -392,29 +428,34 @@ class RadixTree:
         and the leaf stays). Freed device pages are appended to `freed` as they go.
         Returns (nodes evicted, pages dropped from every tier).
         """
-        priority = self.priority
-        heap = [(priority(node), node) for node in self.device_leaves]
-        heapify(heap)
+        heap, leaves = self._device_heap, self.device_leaves
         start = len(freed)
         evicted = dropped = 0
-        while len(freed) - start < pages and heap:
-            _, node = heappop(heap)
-            if node.device is None or node.lock_ref or node.device_children:
-                continue  # changed since it was queued
-            if node.host is None and write_back is not None and not write_back(node):
-                continue
-            parent = node.parent
-            if node.host is None:
-                if node.children:
-                    continue  # its children still need it in the tree, and it has no other copy
-                freed.extend(self._drop_device(node))
-                dropped += len(node.keys)
-                self._delete(node)
-            else:
-                freed.extend(self._drop_device(node))
-            evicted += 1
-            if parent in self.device_leaves:
-                heappush(heap, (priority(parent), parent))
+        passed_over: dict[Node, None] = {}  # candidates this call leaves in place: back on the heap after
+        try:
+            while len(freed) - start < pages:
+                node = self._pop_candidate(heap, leaves)
+                if node is None:
+                    break
+                if node in passed_over:
+                    continue  # a second entry of a node this call already left in place
+                if node.host is None and write_back is not None and not write_back(node):
+                    passed_over[node] = None
+                    continue
+                if node.host is None:
+                    if node.children:
+                        passed_over[node] = None
+                        continue  # its children still need it in the tree, and it has no other copy
+                    freed.extend(self._drop_device(node))
+                    dropped += len(node.keys)
+                    self._delete(node)
+                else:
+                    freed.extend(self._drop_device(node))
+                evicted += 1
+        finally:
+            for node in passed_over:
+                if node in leaves:
+                    heappush(heap, (self.priority(node), node))
         return evicted, dropped
 
     def reclaim_host_duplicates(self, pages: int, freed: list[int]) -> int:
@@ -436,22 +477,16 @@ class RadixTree:
     def evict_host(self, pages: int, freed: list[int]) -> tuple[int, int]:
         """Evict host leaves (nodes already off the device) in policy order until `pages` pages are
         freed; each leaves the tree. Returns (nodes evicted, pages dropped)."""
-        priority = self.priority
-        heap = [(priority(node), node) for node in self.host_leaves]
-        heapify(heap)
         start = len(freed)
         evicted = dropped = 0
-        while len(freed) - start < pages and heap:
-            _, node = heappop(heap)
-            if node not in self.host_leaves:
-                continue
-            parent = node.parent
+        while len(freed) - start < pages:
+            node = self._pop_candidate(self._host_heap, self.host_leaves)
+            if node is None:
+                break
             freed.extend(self._drop_host(node))
             dropped += len(node.keys)
             self._delete(node)
             evicted += 1
-            if parent in self.host_leaves:
-                heappush(heap, (priority(parent), parent))
         return evicted, dropped
 
     # -- whole-tree views -----------------------------------------------------------------------

@@ -227,6 +227,9 @@ class HostPoolLayout:
     sglang_version: str = NEWEST
     mooncake: bool = True
     host_tokens: int | None = None
+    # The size asked for in tokens, in place of int(device_tokens x hicache_ratio) (bench replay's
+    # --l2-tokens): sized the same way (one page more), without a ratio's rounding.
+    asked_tokens: int | None = None
     size: int = field(init=False)
     page_num: int = field(init=False)
 
@@ -283,6 +286,9 @@ class HostPoolLayout:
             return
         if self.hicache_size_gb > 0:
             size = int(self.hicache_size_gb * 1e9 // bpt)
+        elif self.asked_tokens is not None:
+            positive_int("l2-tokens", self.asked_tokens)
+            size = self.asked_tokens
         else:
             size = int(self.device_tokens * self.hicache_ratio)
         page_num = size // self.page_size + 1

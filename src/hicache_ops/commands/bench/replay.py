@@ -148,6 +148,7 @@ class ReplaySpec:
             page_size=self.page_size,
             device_tokens=self.device_tokens,
             hicache_ratio=self.ratio,
+            host_asked_tokens=self.l2_tokens or None,  # exact: the ratio can lose a page to rounding
             write_policy=self.write_policy,
             sglang_version=self.sglang_version,
             enable_l2=self.enable_l2,
@@ -170,6 +171,8 @@ class ReplaySpec:
             return None
         if isinstance(self.l3, int):
             return self.l3
+        if self.l2_tokens:
+            return self.l2_tokens
         if self.enable_l2:
             return int(self.device_tokens * self.ratio)
         return self.device_tokens

@@ -20,6 +20,7 @@ from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_lookup_step
 from hicache_ops.commands.trace.steps import _short
 from hicache_ops.commands.trace.tracer import FAIL, INFO, PASS, SKIP, Step, Tracer, _Stop
+from hicache_ops.engine.l3_prefetch import prefetch_anchor
 from hicache_ops.sglang import policy as pol
 
 
@@ -101,6 +102,21 @@ def observe_read(
                     f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {threshold} "
                     "tokens",
                     "lower extra-config prefetch_threshold, or send a longer prompt",
+                ],
+            )
+            return t.steps
+        _, _, anchor = cache.tree.local_match(tree_keys[:cap])
+        gate, _ = prefetch_anchor(cache.tree, anchor, cfg.sglang_version)
+        if gate:
+            t.add(
+                "prefetch decision",
+                FAIL,
+                f"no L3 hit: {gate}",
+                detail={**detail, "anchor_backed_up": False},
+                causes=[
+                    "the device prefix was computed here without a host copy (write_back, "
+                    "write_through_selective below its hit threshold, or a failed backup)",
+                    "use write_through on this instance, or flush L1/L2 so the match starts at the root",
                 ],
             )
             return t.steps
