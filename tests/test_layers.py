@@ -29,6 +29,7 @@ LAYERS = {
     "units": 1,
     "tokens": 1,
     "interrupt": 1,
+    "results": 1,
     "playbooks": 1,
 }
 NAMES = {5: "cli", 4: "commands/server", 3: "engine/mooncake/kernels", 2: "sglang", 1: "base"}

@@ -50,7 +50,6 @@ from hicache_ops.errors import InputError
 
 EXAMPLES = examples(
     "hicache serve",
-    "hicache serve --preset qwen3-0.6b --page-size 64 --hicache-write-policy write_back",
     "hicache serve --l3 'mooncake://10.0.0.5:50051?metrics=9003' --inject-l3-latency-ms 5",
     "hicache serve --tokenizer ./model",
 )

@@ -12,10 +12,16 @@ import os
 import socket
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import parse_host_port
+from hicache_ops.server.api_counters import ApiCounters
+from hicache_ops.tokens import Tokenizer
+
+if TYPE_CHECKING:
+    from hicache_ops.engine.cache import TieredCache
 
 DEFAULT_PORT = 18080
 DEFAULT_SEGMENT_BYTES = 256 * 2**20
@@ -128,11 +134,11 @@ class Runtime:
     local_hostname_source: str = "default"
     # A local tokenizer for SGLang's `text` requests (server/sglang_api.py); None: input_ids only.
     tokenizer_path: str | None = None
-    tokenizer: object | None = None
-    api_counters: object = field(default=None)
+    tokenizer: Tokenizer | None = None
+    api_counters: ApiCounters = field(default_factory=ApiCounters)
     master: object | None = None
     store: object | None = None
-    cache: object | None = None
+    cache: TieredCache | None = None
     l3_health: object | None = None
     started: dict = field(default_factory=dict)
 
@@ -145,11 +151,9 @@ class Runtime:
         return self
 
     def _start(self) -> None:
-        from hicache_ops.server.sglang_api import ApiCounters, load_tokenizer
-
         self.api_counters = ApiCounters()
         if self.tokenizer_path is not None and self.tokenizer is None:
-            self.tokenizer = load_tokenizer(self.tokenizer_path)
+            self.tokenizer = Tokenizer(self.tokenizer_path)
         rpc, metrics = self.l3.rpc_address, self.l3.metrics_address
         if self.l3.kind == "embedded":
             from hicache_ops.mooncake.master import EmbeddedMaster

@@ -13,9 +13,7 @@ toolkit's `--sglang-url` reads (src/hicache_ops/sglang/server_info.py).
 from __future__ import annotations
 
 import json
-import threading
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
@@ -48,43 +46,6 @@ class GenerateRequest(BaseModel, extra="allow"):
     rid: str | None = None
     extra_key: str | None = None
     return_cached_tokens_details: bool = False  # /generate reports the details always, as SGLang's does
-
-
-@dataclass
-class ApiCounters:
-    """What SGLang's tokenizer-side collector counts, per finished /generate request."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # (is_streaming) -> counts
-    prompt_tokens: dict = field(default_factory=lambda: {False: 0, True: 0})
-    generation_tokens: dict = field(default_factory=lambda: {False: 0, True: 0})
-    requests: dict = field(default_factory=lambda: {False: 0, True: 0})
-    # cache_source -> tokens (device, host, storage)
-    cached_tokens: dict = field(default_factory=lambda: {"device": 0, "host": 0, "storage": 0})
-    backuped_tokens: int = 0
-
-    def record(self, streaming: bool, prompt: int, generated: int, details: dict | None, stored_tokens: int) -> None:
-        with self.lock:
-            self.prompt_tokens[streaming] += prompt
-            self.generation_tokens[streaming] += generated
-            self.requests[streaming] += 1
-            for source in ("device", "host", "storage"):
-                self.cached_tokens[source] += (details or {}).get(source, 0) or 0
-            self.backuped_tokens += stored_tokens
-
-    def record_backup(self, stored_tokens: int) -> None:
-        with self.lock:
-            self.backuped_tokens += stored_tokens
-
-    def snapshot(self) -> dict:
-        with self.lock:
-            return {
-                "prompt_tokens": dict(self.prompt_tokens),
-                "generation_tokens": dict(self.generation_tokens),
-                "requests": dict(self.requests),
-                "cached_tokens": dict(self.cached_tokens),
-                "backuped_tokens": self.backuped_tokens,
-            }
 
 
 def parse_generate(body: bytes) -> GenerateRequest:
@@ -146,6 +107,7 @@ class Generation:
                 )
             prompt = tokenizer.encode(req.text)
         else:
+            assert req.input_ids is not None  # exactly one of text and input_ids, checked above
             prompt = list(req.input_ids)
         n = req.sampling_params.max_new_tokens
         vocab = tokenizer.vocab_size if tokenizer is not None else FILLER_VOCAB
@@ -154,6 +116,7 @@ class Generation:
         self.version = runtime.spec.sglang_version
         self.output = filler_ids(prompt, n, vocab)
         cache = runtime.cache
+        assert cache is not None, "a serve answers /generate only once its cache is built"
         # A request that generates nothing is a prefill only; otherwise the whole request, whose
         # finish inserts the prompt and all output tokens but the last.
         if n == 0:
@@ -303,7 +266,7 @@ def l3_layout_body(runtime: Runtime) -> dict:
     inner["pools"].append({"pool": "kv", "suffixes": list(scheme.suffixes), "hit_policy": "all_pages"})
     suffixes = spec.side_pool_suffixes(scheme)
     for pool in spec.side_pools:
-        entry = {"pool": pool.name, "suffixes": suffixes[pool.name], "hit_policy": pool.hit_policy}
+        entry: dict[str, Any] = {"pool": pool.name, "suffixes": suffixes[pool.name], "hit_policy": pool.hit_policy}
         if pool.hit_policy == "trailing_pages":
             entry["trailing_pages"] = pool.trailing_pages
         inner["pools"].append(entry)

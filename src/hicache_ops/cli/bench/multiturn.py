@@ -29,10 +29,9 @@ from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, st
 from hicache_ops.errors import InputError
 
 EXAMPLES = examples(
-    "hicache bench multiturn --accounting-only",
+    "hicache bench multiturn --accounting-only --hicache-write-policy write_back --json",
     "hicache bench multiturn --serve http://127.0.0.1:18080 --clients 4 --rounds 5 --new-tokens 256 --concurrency 4",
     "hicache bench multiturn --clients 8 --rounds 12 --new-tokens 1024 --plot hit-rate.png",
-    "hicache bench multiturn --accounting-only --hicache-write-policy write_back --json",
 )
 
 

@@ -47,8 +47,8 @@ def _render(data: StoreBenchResult) -> None:
             if getattr(case, f"{phase}_ratio") is None:
                 stdout.print(f"  {first:<16} {phase}  not measured (interrupted)")
                 continue
-            rounds = case.rounds if phase == "put" else case.get_rounds
-            partial = f"  ({rounds} rounds)" if rounds != data.rounds else ""
+            done = case.rounds if phase == "put" else case.get_rounds
+            partial = f"  ({done} rounds)" if done != data.rounds else ""
             ours, raw, ratio = (getattr(case, f"{phase}_{what}") for what in ("ours_gbps", "raw_gbps", "ratio"))
             stdout.print(
                 f"  {first:<16} {phase}  ours {ours:6.2f} GB/s  raw {raw:6.2f} GB/s  ratio {ratio:.3f}{partial}",

@@ -7,6 +7,9 @@ counters are read (docs/metrics.md#l2-counters-and-tp-ranks).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from hicache_ops.commands.watch.catalog import BY_NAME, RANK_LABELS, SGLANG_METRICS
 from hicache_ops.commands.watch.sampler import Labels, Sample, Target
 from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_14, V0_5_23
@@ -105,11 +108,11 @@ def instance_figures(target: Target, sglang_version: str | None = None) -> dict:
     }
 
     # L3 counters carry rank labels in both releases: the instance figure is the leading rank's.
-    unfulfilled = {}
+    unfulfilled: dict[str, dict] = {}
     for labels in last.series("sglang:storage_prefetch_unfulfilled_tokens_total"):
         reason = dict(labels).get("reason", "")
         unfulfilled.setdefault(reason, fig("sglang:storage_prefetch_unfulfilled_tokens_total", _max, reason=reason))
-    deferred = {}
+    deferred: dict[str, dict] = {}
     for labels in last.series("sglang:storage_prefetch_deferred_tokens_total"):
         reason = dict(labels).get("reason", "")
         deferred.setdefault(reason, fig("sglang:storage_prefetch_deferred_tokens_total", _max, reason=reason))
@@ -139,7 +142,7 @@ def instance_figures(target: Target, sglang_version: str | None = None) -> dict:
             if tp_size
             else "summed over tp ranks by 0.5.14; tp_size unknown (no /server_info), shown as summed"
         )
-        combine = sum
+        combine: Callable[[Any], float] = sum
     else:
         scale, combine = 1.0, _max
         out["l2_counters"] = "one rank's count (0.5.23 labels each rank with the same logical count)"
@@ -167,7 +170,7 @@ def instance_figures(target: Target, sglang_version: str | None = None) -> dict:
 
     used = last.series("sglang:hicache_host_used_tokens")
     total = last.series("sglang:hicache_host_total_tokens")
-    pools = []
+    pools: list[dict[str, Any]] = []
     for labels, cap in total.items():
         u = used.get(labels, 0.0)
         pools.append({"rank": rank_of(labels), "used": u, "total": cap, "ratio": u / cap if cap else None})

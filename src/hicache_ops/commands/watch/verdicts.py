@@ -52,7 +52,7 @@ def instance_verdicts(inst: dict, master: dict | None) -> list[dict]:
         and issued > 0
         and sum(unfulfilled.values()) >= PREFETCH_UNFULFILLED_SHARE * issued
     ):
-        top = max(unfulfilled, key=unfulfilled.get)
+        top = max(unfulfilled, key=lambda reason: unfulfilled[reason])
         share = sum(unfulfilled.values()) / issued
         playbook = "no-l3-hit" if top in POLICY_REASONS else "recomputed-after-get"
         out.append(
