@@ -11,7 +11,7 @@ from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trac
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
-from hicache_ops.cli.common.output import DEBUG_ENV, print_error, stderr
+from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, JSON_EXTRAS, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
 
 
@@ -25,6 +25,16 @@ class _RootGroup(HicacheGroup):
     gets JSON; without it, Typer's usual usage message."""
 
     def main(self, args=None, prog_name=None, **extra):
+        # Each invocation starts with no JSON extras (in-process runs share the context).
+        token = JSON_EXTRAS.set({})
+        argv_token = ARGV.set(tuple(str(a) for a in (sys.argv[1:] if args is None else args)))
+        try:
+            return self._main(args, prog_name, **extra)
+        finally:
+            JSON_EXTRAS.reset(token)
+            ARGV.reset(argv_token)
+
+    def _main(self, args=None, prog_name=None, **extra):
         argv = list(sys.argv[1:] if args is None else args)
         if not _json_requested(argv):
             return super().main(args=argv, prog_name=prog_name, **extra)

@@ -30,6 +30,24 @@ stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 DEBUG_ENV = "HICACHE_DEBUG"
 # Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
 JSON_EXTRAS: ContextVar[dict] = ContextVar("json_extras", default={})
+# The invocation's arguments (set by the root app), for options whose meaning depends on another.
+ARGV: ContextVar[tuple[str, ...]] = ContextVar("argv", default=())
+
+
+def add_json_extras(fields: dict, *, notes: list[str] = ()) -> None:
+    """Add fields to the command's JSON object; `notes` are appended to its `notes` list."""
+    extras = dict(JSON_EXTRAS.get())
+    extras.update(fields)
+    if notes:
+        extras["notes"] = [*extras.get("notes", []), *notes]
+    JSON_EXTRAS.set(extras)
+
+
+def _merged(data: dict, extras: dict) -> dict:
+    out = {**data, **extras}
+    if "notes" in extras and isinstance(data.get("notes"), list):
+        out["notes"] = [*data["notes"], *extras["notes"]]
+    return out
 
 
 def print_json(data: Any) -> None:
@@ -41,7 +59,7 @@ def emit(data: Any, json_output: bool, render: Callable[[Any], None]) -> None:
     """Print `data` as JSON, or hand it to `render` for people."""
     if json_output:
         extras = JSON_EXTRAS.get()
-        print_json({**data, **extras} if extras and isinstance(data, dict) else data)
+        print_json(_merged(data, extras) if extras and isinstance(data, dict) else data)
     else:
         render(data)
 
