@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, warm
+from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, upgrade, warm
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup
@@ -74,6 +74,7 @@ app.command("prefetch", cls=HicacheCommand, epilog=prefetch.EXAMPLES)(prefetch.p
 app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
 app.add_typer(lab.app, name="lab")
+app.add_typer(upgrade.app, name="upgrade")
 
 
 def run() -> None:
