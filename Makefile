@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps sglang-0.5.14 test serve bench-keys gpu-check clean
+.PHONY: install system-deps sglang-0.5.14 sglang-releases test serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL.
 system-deps:
@@ -33,17 +33,30 @@ install: system-deps $(STAMP)
 # (tests/sglang_0_5_14.py). A wheel of a few MB, unpacked once.
 SGLANG_OLD_DIR := .cache/sglang-0.5.14
 $(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
-	rm -rf $(SGLANG_OLD_DIR) .cache/wheels && mkdir -p .cache/wheels $(SGLANG_OLD_DIR)
+	rm -rf $(SGLANG_OLD_DIR) .cache/wheels/sglang-0.5.14-*.whl && mkdir -p .cache/wheels $(SGLANG_OLD_DIR)
 	$(PIP) download -q --no-deps sglang==0.5.14 -d .cache/wheels
 	$(PY) -m zipfile -e .cache/wheels/sglang-0.5.14-*.whl $(SGLANG_OLD_DIR)
 	touch $@
 
 sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
 
+# Every release between 0.5.14 and the installed 0.5.23 (post releases included), each unpacked
+# under .cache/sglang-X for the per-release cross-checks (tests/sglang_release.py,
+# tests/sglang/test_releases.py). A download that fails fails the target: the tests never skip.
+SGLANG_RELEASES := 0.5.15 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22
+RELEASE_STAMPS := $(foreach v,$(SGLANG_RELEASES),.cache/sglang-$(v)/.unpacked)
+.cache/sglang-%/.unpacked: | $(STAMP)
+	rm -rf .cache/sglang-$* && mkdir -p .cache/wheels .cache/sglang-$*
+	$(PIP) download -q --no-deps sglang==$* -d .cache/wheels
+	$(PY) -m zipfile -e $$(ls .cache/wheels/sglang-$*-*.whl | head -1) .cache/sglang-$*
+	touch $@
+
+sglang-releases: $(SGLANG_OLD_DIR)/.unpacked $(RELEASE_STAMPS)
+
 # Everything the tests write (pytest's folders, every TMPDIR user, the libraries SGLang imports)
 # stays under .cache/pytest, emptied at the start of each run: nothing is left in /tmp.
 TEST_TMP := $(CURDIR)/.cache/pytest
-test: install sglang-0.5.14
+test: install sglang-0.5.14 sglang-releases
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS)
 

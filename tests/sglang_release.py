@@ -64,5 +64,7 @@ def run_release(version: str, script: str, payload: Any = None, *, timeout: floa
         )
     marker = proc.stdout.rfind("\n" + _MARKER)
     if proc.returncode != 0 or marker < 0:
-        raise AssertionError(f"SGLang {version} child ({where}) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"SGLang {version} child ({where}) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return json.loads(proc.stdout[marker + len(_MARKER) + 1 :])

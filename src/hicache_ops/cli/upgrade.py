@@ -40,7 +40,9 @@ EXAMPLES = examples(
 
 FromOption = Annotated[
     str,
-    typer.Option("--from", help="The SGLang release running now (0.5.14 and newer).", metavar="VERSION", rich_help_panel=INPUT),
+    typer.Option(
+        "--from", help="The SGLang release running now (0.5.14 and newer).", metavar="VERSION", rich_help_panel=INPUT
+    ),
 ]
 ToOption = Annotated[
     str,
@@ -58,7 +60,9 @@ def _shown(value) -> str:
     if value in ("", None):
         return "(none)"
     if isinstance(value, dict):
-        return f"{value['layout']}/{value['io_backend']}" + (f" ({'; '.join(value['notes'])})" if value["notes"] else "")
+        return f"{value['layout']}/{value['io_backend']}" + (
+            f" ({'; '.join(value['notes'])})" if value["notes"] else ""
+        )
     return str(value)
 
 

@@ -126,7 +126,9 @@ RULES: tuple[Rule, ...] = (
         "prefetch host allocation",
         (policy.HOST_AT_HIT_SINCE,),
         "srt/managers/cache_controller.py",
-        lambda v, d: "at hit time, sized to the hit" if policy.allocates_host_at_hit(v) else "the requested span at issue",
+        lambda v, d: (
+            "at hit time, sized to the hit" if policy.allocates_host_at_hit(v) else "the requested span at issue"
+        ),
     ),
     Rule(
         "timeout budget",
@@ -244,7 +246,13 @@ def check_upgrade(
         between = [s for s in rule.since if parse(min(a.version, b.version, key=parse)) < parse(s)]
         between = [s for s in between if parse(s) <= parse(max(a.version, b.version, key=parse))]
         report.changes.append(
-            {"rule": rule.name, "from": old, "to": new, "since": between or list(rule.since), "sglang_file": rule.source}
+            {
+                "rule": rule.name,
+                "from": old,
+                "to": new,
+                "since": between or list(rule.since),
+                "sglang_file": rule.source,
+            }
         )
     report.old_prefix, report.new_prefix = _prefix(a.version, dep), _prefix(b.version, dep)
     seed_changed = any(c["rule"] == "namespace seed" for c in report.changes)
