@@ -103,7 +103,9 @@ def test_page_keys_and_seeds_match_the_release(release):
     version, theirs = release
     assert len(theirs["keys"]) == len(KEY_CASES)
     assert any(theirs["keys"])
-    for (tokens, page_size, extra_key, cache_salt), keys, seed in zip(KEY_CASES, theirs["keys"], theirs["seeds"]):
+    for (tokens, page_size, extra_key, cache_salt), keys, seed in zip(
+        KEY_CASES, theirs["keys"], theirs["seeds"], strict=True
+    ):
         assert namespace_seed(version, extra_key, cache_salt) == seed, (version, extra_key, cache_salt)
         ours = page_keys(tokens, page_size, version, extra_key=extra_key, cache_salt=cache_salt)
         assert ours == keys, (version, tokens, page_size, extra_key, cache_salt)
@@ -127,7 +129,9 @@ def test_wide_tokens_refused_where_the_release_refuses(release):
 
 def test_object_keys_match_the_release_mooncake_store(release):
     version, theirs = release
-    for (tp_rank, tp_size, pp_rank, pp_size, mla, model, tag), objects in zip(STORE_CASES, theirs["objects"]):
+    for (tp_rank, tp_size, pp_rank, pp_size, mla, model, tag), objects in zip(
+        STORE_CASES, theirs["objects"], strict=True
+    ):
         scheme = ObjectKeyScheme(
             version=version,
             model_name=model,

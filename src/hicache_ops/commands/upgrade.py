@@ -125,7 +125,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "prefetch host allocation",
         (policy.HOST_AT_HIT_SINCE,),
-        "srt/managers/cache_controller.py",
+        "srt/mem_cache/hiradix_cache.py",
         lambda v, d: (
             "at hit time, sized to the hit" if policy.allocates_host_at_hit(v) else "the requested span at issue"
         ),

@@ -35,7 +35,7 @@ UNIFIED_BUDGET_SINCE = "0.5.19"
 REQUESTED_BUDGET_SINCE = "0.5.23"
 # `tlru` radix eviction: mem_cache/utils.py (TLRUStrategy)
 TLRU_SINCE = "0.5.21"
-# prefetch host pages allocated once the hit is known: managers/cache_controller.py
+# prefetch host pages allocated once the hit is known: mem_cache/hiradix_cache.py (_drain_and_alloc_storage_hit)
 HOST_AT_HIT_SINCE = "0.5.16"
 # shortfall-sized eviction, unbacked ancestors backed up: mem_cache/unified_radix_cache.py
 SHORTFALL_EVICTION_SINCE = "0.5.19"
