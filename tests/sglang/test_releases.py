@@ -120,6 +120,9 @@ def test_namespace_seed_starts_in_0_5_20(release):
 
 def test_wide_tokens_refused_where_the_release_refuses(release):
     version, theirs = release
+    from hicache_ops.sglang.versions import since
+
+    assert theirs["wide_raises"] == (not since(version, "0.5.23"))
     if theirs["wide_raises"]:
         with pytest.raises(InputError, match="above 2\\*\\*32-1"):
             page_keys(WIDE, 2, version)
