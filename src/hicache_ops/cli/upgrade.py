@@ -8,6 +8,7 @@ import typer
 
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 from hicache_ops.cli.common.options import (
+    DEPLOYMENT,
     INPUT,
     CacheSaltOption,
     ExtraBackendTagOption,
@@ -48,10 +49,14 @@ ToOption = Annotated[
     str,
     typer.Option("--to", help="The SGLang release after the upgrade.", metavar="VERSION", rich_help_panel=INPUT),
 ]
+# The same option as serve's (one help text per shared option).
 HostMemoryModeOption = Annotated[
-    str | None,
+    str,
     typer.Option(
-        "--hicache-host-memory-mode", help="cache or buffer_only (SGLang 0.5.19+).", metavar="MODE", show_default=False
+        "--hicache-host-memory-mode",
+        help="cache (host RAM is the L2 tier) or 0.5.23's buffer_only, which the engine cannot represent (refused).",
+        metavar="MODE",
+        rich_help_panel=DEPLOYMENT,
     ),
 ]
 
@@ -96,7 +101,7 @@ def check(
     layout: LayoutOption = "page_first",
     io_backend: IoBackendOption = "kernel",
     hicache_ratio: HicacheRatioOption = None,
-    host_memory_mode: HostMemoryModeOption = None,
+    host_memory_mode: HostMemoryModeOption = "cache",
     master: MasterOption = None,
     timeout: TimeoutOption = 3.0,
     json_output: JsonOption = False,
