@@ -272,7 +272,7 @@ def resolve_store_config(
     `env` defaults to os.environ. Raises InputError where SGLang would fail (no master/client
     address, unreadable file, bad global_segment_size), naming the value and the fix.
     """
-    validate_version(version)
+    version = validate_version(version)
     env = os.environ if env is None else env
     if extra_config is not None and not isinstance(extra_config, Mapping):
         raise InputError(f"the extra-config must be a JSON object, got {type(extra_config).__name__}.")
