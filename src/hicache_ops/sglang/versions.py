@@ -129,7 +129,10 @@ def default_choice() -> VersionChoice:
     installed = installed_version()
     if installed is None:
         return VersionChoice(
-            NEWEST, None, "default", [f"no --sglang-version and no sglang installed: {NEWEST}'s rules are applied."]
+            NEWEST,
+            None,
+            "default",
+            [f"warning: no --sglang-version and no sglang installed: {NEWEST}'s rules are applied."],
         )
     try:
         choice = resolve_version(installed, reason="installed sglang")
@@ -139,7 +142,7 @@ def default_choice() -> VersionChoice:
             installed,
             "default",
             [
-                f"the installed sglang {installed} is not a release the toolkit knows (0.5.14+): "
+                f"warning: the installed sglang {installed} is not a release the toolkit knows (0.5.14+): "
                 f"{NEWEST}'s rules are applied; pass --sglang-version to choose."
             ],
         )

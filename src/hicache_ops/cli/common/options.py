@@ -68,11 +68,9 @@ def _version_choice(value: str | None) -> str | None:
         return value
     warnings = [n for n in choice.notes if n.startswith("warning:")]
     add_json_extras({"sglang_rules": choice.to_dict()}, notes=warnings)
-    for note in choice.notes:
-        if note.startswith("warning:"):
-            stderr.print(f"[bold yellow]warning:[/] {note.removeprefix('warning: ')}", highlight=False)
-        else:
-            stderr.print(f"[dim]note: {note}[/]", highlight=False)
+    # The installed sglang being a known release is no fallback: that choice is in the JSON only.
+    for note in warnings:
+        stderr.print(f"[bold yellow]warning:[/] {note.removeprefix('warning: ')}", highlight=False)
     return value
 
 
