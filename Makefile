@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # a module on one worker, so module fixtures and file-order tests hold; PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install system-deps sglang-0.5.14 lint test test-deep serve bench-keys gpu-check clean
+.PHONY: install system-deps sglang-0.5.14 sglang-releases lint test test-deep serve bench-keys gpu-check clean
 
 # Mooncake's wheel links against libibverbs; the native page-hash loop builds against OpenSSL;
 # promtool (Debian's prometheus) checks alerts/ and the dashboard's queries.
@@ -38,12 +38,25 @@ install: system-deps $(STAMP)
 # (tests/sglang_0_5_14.py). A wheel of a few MB, unpacked once.
 SGLANG_OLD_DIR := .cache/sglang-0.5.14
 $(SGLANG_OLD_DIR)/.unpacked: | $(STAMP)
-	rm -rf $(SGLANG_OLD_DIR) .cache/wheels && mkdir -p .cache/wheels $(SGLANG_OLD_DIR)
+	rm -rf $(SGLANG_OLD_DIR) .cache/wheels/sglang-0.5.14-*.whl && mkdir -p .cache/wheels $(SGLANG_OLD_DIR)
 	$(PIP) download -q --no-deps sglang==0.5.14 -d .cache/wheels
 	$(PY) -m zipfile -e .cache/wheels/sglang-0.5.14-*.whl $(SGLANG_OLD_DIR)
 	touch $@
 
 sglang-0.5.14: $(SGLANG_OLD_DIR)/.unpacked
+
+# Every release between 0.5.14 and the installed 0.5.23 (post releases included), each unpacked
+# under .cache/sglang-X for the per-release cross-checks (tests/sglang_release.py,
+# tests/sglang/test_releases.py). A download that fails fails the target: the tests never skip.
+SGLANG_RELEASES := 0.5.15 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22
+RELEASE_STAMPS := $(foreach v,$(SGLANG_RELEASES),.cache/sglang-$(v)/.unpacked)
+.cache/sglang-%/.unpacked: | $(STAMP)
+	rm -rf .cache/sglang-$* && mkdir -p .cache/wheels .cache/sglang-$*
+	$(PIP) download -q --no-deps sglang==$* -d .cache/wheels
+	$(PY) -m zipfile -e $$(ls .cache/wheels/sglang-$*-*.whl | head -1) .cache/sglang-$*
+	touch $@
+
+sglang-releases: $(SGLANG_OLD_DIR)/.unpacked $(RELEASE_STAMPS)
 
 # ruff (lint + format check) and mypy, configured in pyproject.toml; `make test` runs it first.
 lint: install
@@ -52,7 +65,7 @@ lint: install
 # Everything the tests write (pytest's folders, every TMPDIR user, the libraries SGLang imports)
 # stays under .cache/pytest, emptied at the start of each run: nothing is left in /tmp.
 TEST_TMP := $(CURDIR)/.cache/pytest
-test: install sglang-0.5.14 lint
+test: install sglang-0.5.14 sglang-releases lint
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -252,8 +252,10 @@ def test_resolution_errors(tmp_path):
         resolve_store_config("0.5.23", env={CONFIG_PATH_ENV: write_json(tmp_path, {"protocol": "tcp"})})
     with pytest.raises(InputError, match="MOONCAKE_GLOBAL_SEGMENT_SIZE"):
         resolve_store_config("0.5.23", env={"MOONCAKE_MASTER": "h:1", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "4mb"})
-    with pytest.raises(InputError):
-        resolve_store_config("0.6.0", env={"MOONCAKE_MASTER": "h:1"})
+    with pytest.raises(InputError, match="older than 0.5.14"):
+        resolve_store_config("0.5.13", env={"MOONCAKE_MASTER": "h:1"})
+    # a release newer than the newest known one gets its rules (docs/releases.md)
+    assert resolve_store_config("0.6.0", env={"MOONCAKE_MASTER": "h:1"}).sglang_version == "0.5.23"
 
 
 @pytest.mark.parametrize(

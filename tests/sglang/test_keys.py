@@ -155,8 +155,10 @@ def test_bad_tokens_are_input_errors(tokens, page_size, message):
 
 
 def test_unknown_version():
-    with pytest.raises(InputError, match="not supported"):
+    with pytest.raises(InputError, match="older than 0.5.14"):
         page_keys([1, 2], 2, "0.4.0")
+    with pytest.raises(InputError, match="not a release number"):
+        page_keys([1, 2], 2, "latest")
 
 
 # --- object keys -------------------------------------------------------------------------------

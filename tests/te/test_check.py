@@ -401,8 +401,8 @@ def test_version_specific_flags():
             server_args="--enable-hicache --hicache-storage-backend mooncake",
             env={"MOONCAKE_MASTER": "1.2.3.4:5"},
         )
-    with pytest.raises(InputError, match="not supported"):
-        check_reuse("0.5.99", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
+    with pytest.raises(InputError, match="older than 0.5.14"):
+        check_reuse("0.5.9", env={"MOONCAKE_MASTER": "1.2.3.4:5"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +493,7 @@ def test_cli_config_file_and_extra_config(tmp_path):
     [
         (["--server-args", HICACHE + " '--tp-size"], {}, "not valid shell words"),
         (["--extra-config", "{nope"], {}, "not valid JSON"),
-        (["--sglang-version", "0.4.0"], {}, "'0.4.0' is not one of"),
+        (["--sglang-version", "0.4.0"], {}, "SGLang 0.4.0 is older than 0.5.14"),
         (["--server-args", HICACHE + " --encoder-only --disaggregation-mode prefill"], {}, "contradicts"),
         (["--tcp"], {}, "only apply with --live"),
         (["--master-rpc", "127.0.0.1:1"], {}, "only apply with --live"),

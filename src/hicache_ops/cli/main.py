@@ -9,12 +9,12 @@ from typing import Annotated
 
 import typer
 
-from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, warm
+from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, upgrade, warm
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
-from hicache_ops.cli.common.output import DEBUG_ENV, print_error, stderr
+from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, JSON_EXTRAS, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
 
 
@@ -28,6 +28,16 @@ class _RootGroup(HicacheGroup):
     gets JSON; without it, Typer's usual usage message."""
 
     def main(self, args=None, prog_name=None, **extra):
+        # Each invocation starts with no JSON extras (in-process runs share the context).
+        token = JSON_EXTRAS.set({})
+        argv_token = ARGV.set(tuple(str(a) for a in (sys.argv[1:] if args is None else args)))
+        try:
+            return self._main(args, prog_name, **extra)
+        finally:
+            JSON_EXTRAS.reset(token)
+            ARGV.reset(argv_token)
+
+    def _main(self, args=None, prog_name=None, **extra):
         argv = list(sys.argv[1:] if args is None else args)
         if argv and set(argv) <= {"--version", "-V", "--json"} and set(argv) != {"--json"}:
             # `hicache --version --json`: the root takes no --json of its own, so answer here.
@@ -140,6 +150,7 @@ app.add_typer(playbook.app, name="playbook")
 app.add_typer(te_command.app, name="te")
 app.add_typer(lab.app, name="lab")
 app.command("watch", cls=HicacheCommand, epilog=watch_command.EXAMPLES)(watch_command.watch)
+app.add_typer(upgrade.app, name="upgrade")
 
 
 def run() -> None:

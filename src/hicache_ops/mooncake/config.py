@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import parse_host_port
-from hicache_ops.sglang.versions import V0_5_14, validate_version
+from hicache_ops.sglang.versions import V0_5_14, family, validate_version
 
 CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
 GIB = 1024**3
@@ -102,7 +102,7 @@ class StoreConfig:
         """Bytes each rank mounts: // tp_size in 0.5.14, // (tp_size * pp_size) in 0.5.23."""
         if tp_size < 1 or pp_size < 1:
             raise InputError(f"tp-size {tp_size} and pp-size {pp_size} must be >= 1.")
-        scale = tp_size if self.sglang_version == V0_5_14 else tp_size * pp_size
+        scale = tp_size if family(self.sglang_version) == V0_5_14 else tp_size * pp_size
         return self.global_segment_size // scale
 
     def device_for_rank(self, tp_rank: int | None) -> str:
@@ -222,7 +222,7 @@ class _Resolver:
 
     def local_hostname(self, mapping: Mapping | None, label: str) -> str:
         env = self.env
-        if self.version == V0_5_14:
+        if family(self.version) == V0_5_14:
             if mapping is not None:
                 return str(self.from_mapping("local_hostname", mapping, label))
             if "MOONCAKE_LOCAL_HOSTNAME" in env:
@@ -277,7 +277,7 @@ def resolve_store_config(
     `env` defaults to os.environ. Raises InputError where SGLang would fail (no master/client
     address, unreadable file, bad global_segment_size), naming the value and the fix.
     """
-    validate_version(version)
+    version = validate_version(version)
     env = os.environ if env is None else env
     if extra_config is not None and not isinstance(extra_config, Mapping):
         raise InputError(f"the extra-config must be a JSON object, got {type(extra_config).__name__}.")
@@ -314,7 +314,7 @@ def resolve_store_config(
             values[name] = r.local_hostname(mapping, label)
         elif mapping is None:
             values[name] = r.env_value(name)
-        elif name == "protocol" and version != V0_5_14 and name not in mapping:
+        elif name == "protocol" and family(version) != V0_5_14 and name not in mapping:
             values[name] = r.env_value(name)  # 0.5.23 honours MOONCAKE_PROTOCOL when the file omits it
         else:
             values[name] = r.from_mapping(name, mapping, label)
@@ -330,7 +330,7 @@ def resolve_store_config(
         values["master_metrics_port"] = int(port)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise InputError(f"master_metrics_port {port!r} is not a port number.") from None
-    if version == V0_5_14:
+    if family(version) == V0_5_14:
         values["tenant_id"] = None
         r.sources.pop("tenant_id", None)
     else:
@@ -338,7 +338,7 @@ def resolve_store_config(
 
     tag = None
     if extra_config:
-        if version == V0_5_14:
+        if family(version) == V0_5_14:
             if "extra_backend_tag" in extra_config:
                 tag = extra_config["extra_backend_tag"]
         elif extra_config.get("extra_backend_tag") is not None:

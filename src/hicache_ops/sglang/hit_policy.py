@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import PoolSpec
-from hicache_ops.sglang.versions import V0_5_14
+from hicache_ops.sglang.versions import V0_5_14, family
 
 # One rank's presence: exists(pool, pages) -> for each of the first `pages` pages whether all of
 # that pool's objects exist (pool None: the KV objects).
@@ -63,7 +63,7 @@ def loadable_prefix(
     Like SGLang, a rank stops looking at further pools once nothing is loadable, so those pools
     report no hit.
     """
-    old = version == V0_5_14
+    old = family(version) == V0_5_14
     kv_all, final_all, hits_all = [], [], []
     restorable_all: set[int] | None = None
     for exists in ranks:
@@ -120,7 +120,7 @@ def writes_side_pool(version: str, scheme: ObjectKeyScheme, pool: PoolSpec) -> b
     other ranks write nothing in 0.5.14 (backup_skip) and in 0.5.23 only Mamba and MHA draft pools."""
     if scheme.writes:
         return True
-    if version == V0_5_14:
+    if family(version) == V0_5_14:
         return False
     if pool.name == "mamba":
         return True

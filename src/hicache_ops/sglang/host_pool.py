@@ -15,7 +15,7 @@ from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry, positive_int
-from hicache_ops.sglang.versions import NEWEST, V0_5_14, validate_version
+from hicache_ops.sglang.versions import NEWEST, V0_5_14, family, validate_version
 
 # Symbolic dimensions of a host KV buffer, named as ModelGeometry and HostPoolLayout name them.
 KV = "kv"  # K then V: 2 (MHA only)
@@ -292,7 +292,7 @@ class HostPoolLayout:
         else:
             size = int(self.device_tokens * self.hicache_ratio)
         page_num = size // self.page_size + 1
-        if self.sglang_version == V0_5_14 and page_num * self.page_size <= self.device_tokens:
+        if family(self.sglang_version) == V0_5_14 and page_num * self.page_size <= self.device_tokens:
             raise InputError(
                 f"a host pool of {page_num * self.page_size} tokens is not larger than the device pool "
                 f"({self.device_tokens} tokens), which SGLang 0.5.14 refuses at start-up.",

@@ -17,7 +17,7 @@ from typing import Any
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import ALL_PAGES, SIDE_POOLS, TRAILING_PAGES, PoolSpec, pool_suffixes
-from hicache_ops.sglang.versions import V0_5_23
+from hicache_ops.sglang.versions import V0_5_23, family
 
 # Hit policies Mooncake's batch_exists_v2 evaluates; block_groups makes it raise.
 _LOOKUP_POLICIES = (ALL_PAGES, TRAILING_PAGES)
@@ -167,7 +167,7 @@ def rule_disagreements(layout: L3Layout, deployment: Deployment) -> list[dict[st
     if layout.kv_suffixes and ours_kv != flat_suffixes(layout.kv_suffixes):
         out.append({"pool": "kv", "field": "suffixes", "server": flat_suffixes(layout.kv_suffixes), "rule": ours_kv})
     for spec in layout.side_pools:
-        if spec.name not in SIDE_POOLS[deployment.version]:
+        if spec.name not in SIDE_POOLS[family(deployment.version)]:
             out.append({"pool": spec.name, "field": "pool", "server": spec.name, "rule": None})
             continue
         rule = PoolSpec(spec.name)
@@ -239,7 +239,7 @@ def choose_pools(reply: dict[str, Any] | None, flags: list[PoolSpec], deployment
     if reply is None:
         # 0.5.14 has no such route; a 0.5.23 server without one is older than the route.
         missing = ["the server publishes no L3 layout; side pools come from --pool flags."]
-        return PoolChoice(list(flags), FROM_FLAGS, notes=missing if deployment.version == V0_5_23 else [])
+        return PoolChoice(list(flags), FROM_FLAGS, notes=missing if family(deployment.version) == V0_5_23 else [])
     layout = parse_l3_layout(reply)
     if not layout.enabled:
         note = f"the server's L3 layout is disabled ({layout.reason}); side pools come from --pool flags."

@@ -25,7 +25,7 @@ from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.flag_names import SGLANG_FLAGS
-from hicache_ops.sglang.versions import V0_5_14, V0_5_23, validate_version
+from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
 
 _BOOL, _STR, _INT = "bool", "str", "int"
 
@@ -101,7 +101,7 @@ class LaunchArgs:
 
 def default_args(version: str) -> LaunchArgs:
     """SGLang's defaults for `version` (no flag given)."""
-    return LaunchArgs(encoder_transfer_backend=_ENCODER_BACKENDS[validate_version(version)][0])
+    return LaunchArgs(encoder_transfer_backend=_ENCODER_BACKENDS[family(version)][0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def resolve_flag(name: str, version: str) -> tuple[str | None, str | None]:
     argparse accepts a unique prefix of a flag as that flag (`--tp 2` is `--tp-size 2`); a flag
     SGLang does not have, or an ambiguous prefix, makes SGLang refuse to start.
     """
-    known = SGLANG_FLAGS[version]
+    known = SGLANG_FLAGS[family(version)]
     if name in known:
         return name, None
     prefixed = sorted(flag for flag in known if flag.startswith(name))
@@ -180,7 +180,7 @@ def resolve_flag(name: str, version: str) -> tuple[str | None, str | None]:
         shown = ", ".join(prefixed[:4]) + (", ..." if len(prefixed) > 4 else "")
         return None, f"{name} is ambiguous in SGLang {version} (it could be {shown}); SGLang refuses to start on it."
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-    other = next((v for v in SGLANG_FLAGS if v != version and name in SGLANG_FLAGS[v]), None)
+    other = next((v for v in SGLANG_FLAGS if v != family(version) and name in SGLANG_FLAGS[v]), None)
     where = f" (SGLang {other} has it)" if other else ""
     hint = f"; did you mean {close[0]}?" if close else "."
     return (
@@ -256,10 +256,10 @@ def check_accepted(args: LaunchArgs, version: str) -> None:
         args.elastic_ep_backend = None
     if args.elastic_ep_backend is not None and args.elastic_ep_backend not in _ELASTIC_EP:
         raise InputError(f"--elastic-ep-backend {args.elastic_ep_backend!r} is not one of mooncake, nixl.")
-    if args.encoder_transfer_backend not in _ENCODER_BACKENDS[version]:
+    if args.encoder_transfer_backend not in _ENCODER_BACKENDS[family(version)]:
         raise InputError(
             f"--encoder-transfer-backend {args.encoder_transfer_backend!r} is not one of "
-            f"{', '.join(_ENCODER_BACKENDS[version])} in SGLang {version}."
+            f"{', '.join(_ENCODER_BACKENDS[family(version)])} in SGLang {version}."
         )
     for name in ("tp_size", "pp_size", "dp_size", "attn_dp_size", "attn_cp_size", "gpu_id_step", "nnodes"):
         if getattr(args, name) < 1:
@@ -275,10 +275,10 @@ def check_accepted(args: LaunchArgs, version: str) -> None:
             f"--encoder-only contradicts --disaggregation-mode {args.disaggregation_mode} (SGLang refuses both)."
         )
     attn_dp_given = "--attn-dp-size" in args.given or "--attention-data-parallel-size" in args.given
-    if args.enable_dp_attention and version == V0_5_23 and not attn_dp_given:
+    if args.enable_dp_attention and family(version) == V0_5_23 and not attn_dp_given:
         # 0.5.23 reads `--dp-size N --enable-dp-attention` as attn_dp_size = N, dp_size = 1.
         args.attn_dp_size, args.dp_size = args.dp_size, 1
-    elif args.enable_dp_attention and version == V0_5_14:
+    elif args.enable_dp_attention and family(version) == V0_5_14:
         args.attn_dp_size = args.dp_size
     attn = args.attn_dp_size * args.attn_cp_size
     if args.tp_size % attn:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.versions import V0_5_14, V0_5_23, validate_version
+from hicache_ops.sglang.versions import V0_5_14, family, since, validate_version
 
 if TYPE_CHECKING:  # numpy loads on first use, so `hicache --help` does not import it
     import numpy as np
@@ -34,6 +34,30 @@ INT64_MAX = 2**63 - 1
 WIDE_PAGE_TAG = b"\xff"
 # SGLang's warm-up objects, one per client start: `sglang_mooncake_store_warmup_key<uuid hex>`.
 WARMUP_KEY_PREFIX = "sglang_mooncake_store_warmup_key"
+# Rules keyed by release (docs/releases.md):
+# - the model name joins the object key prefix: mem_cache/storage/mooncake_store/mooncake_store.py
+MODEL_PREFIX_SINCE = "0.5.17"
+# - extra_key / cache_salt seed the storage chain: mem_cache/utils.py storage_namespace_seed
+NAMESPACE_SEED_SINCE = "0.5.20"
+# - token ids above uint32 hash in the tagged 8-byte form (earlier: array("I") raises):
+#   mem_cache/cpp_utils/native_hash.py + hash_binding.cpp
+WIDE_TOKENS_SINCE = "0.5.23"
+# - DCP storage keys (topology prefix part, shard objects): mooncake_store.py
+DCP_KEYS_SINCE = "0.5.23"
+
+
+def model_in_prefix(version: str) -> bool:
+    return since(validate_version(version), MODEL_PREFIX_SINCE)
+
+
+def seeds_namespace(version: str) -> bool:
+    return since(validate_version(version), NAMESPACE_SEED_SINCE)
+
+
+def hashes_wide_tokens(version: str) -> bool:
+    return since(validate_version(version), WIDE_TOKENS_SINCE)
+
+
 # The last prefix part of a 0.5.23 DCP deployment (docs/keys.md#dcp).
 _DCP_PREFIX_PART = re.compile(r"(?:^|_)tp(\d+)_dcp(\d+)_page(\d+)_pp(\d+)_cp(\d+)_$")
 
@@ -105,11 +129,11 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, version: str) -> np.ndarr
     if top > INT64_MAX:
         at = int(np.argmax(arr > INT64_MAX))
         raise InputError(f"token {at} is {int(arr[at])}, above 2**63-1; SGLang cannot hash it.")
-    if version == V0_5_14 and top > UINT32_MAX:
+    if not hashes_wide_tokens(version) and top > UINT32_MAX:
         at = int(np.argmax(arr > UINT32_MAX))
         raise InputError(
-            f"token {at} is {int(arr[at])}, above 2**32-1; SGLang 0.5.14 cannot hash it.",
-            hint="Token ids above uint32 are hashed only by SGLang 0.5.23 (wide pages).",
+            f"token {at} is {int(arr[at])}, above 2**32-1; SGLang {version} cannot hash it.",
+            hint=f"Token ids above uint32 are hashed only since SGLang {WIDE_TOKENS_SINCE} (wide pages).",
         )
     return arr
 
@@ -137,7 +161,7 @@ def namespace_seed(version: str, extra_key: str | None, cache_salt: str | None) 
     0.5.14 never seeds: tenants with the same tokens share L3 keys there.
     """
     extra_key, cache_salt = normalise_namespace(version, extra_key, cache_salt)
-    if version == V0_5_14 or (extra_key is None and cache_salt is None):
+    if not seeds_namespace(version) or (extra_key is None and cache_salt is None):
         return None
     digest = hashlib.sha256(NAMESPACE_DOMAIN)
     for part in (extra_key, cache_salt):
@@ -152,7 +176,7 @@ def namespace_seed(version: str, extra_key: str | None, cache_salt: str | None) 
 def hash_page(tokens: np.ndarray, prior_hex: str | None, version: str) -> str:
     """The key of one page (any length) after `prior_hex`; `tokens` as from as_token_array."""
     digest = hashlib.sha256(bytes.fromhex(prior_hex) if prior_hex else b"")
-    if version == V0_5_23 and tokens.size and int(tokens.max()) > UINT32_MAX:
+    if hashes_wide_tokens(version) and tokens.size and int(tokens.max()) > UINT32_MAX:
         digest.update(WIDE_PAGE_TAG + tokens.astype("<u8").tobytes())
     else:
         digest.update(tokens.astype("<u4").tobytes())
@@ -229,7 +253,7 @@ def page_keys(
     keys = []
     if n_full:
         wide_pages: list[int] = []
-        if version == V0_5_23 and int(full.max()) > UINT32_MAX:
+        if hashes_wide_tokens(version) and int(full.max()) > UINT32_MAX:
             wide_pages = np.flatnonzero((full.reshape(n_full, page_size) > UINT32_MAX).any(axis=1)).tolist()
         # Runs of ordinary pages go through the fast chain; a wide page breaks the run.
         start_page = 0
@@ -324,14 +348,14 @@ class ObjectKeyScheme:
         """
         if not self.mla:
             return True
-        if self.version == V0_5_14:
+        if family(self.version) == V0_5_14:
             return self.tp_rank == 0
         return self.tp_rank == self.dcp_rank
 
     @property
     def prefix(self) -> str:
         """The string put before every page key ("" when none)."""
-        if self.version == V0_5_14:
+        if not model_in_prefix(self.version):
             parts = [self.extra_backend_tag] if self.extra_backend_tag is not None else []
         else:
             parts = []
@@ -462,10 +486,10 @@ class Deployment:
 
 def check_dcp(version: str, mla: bool, tp_size: int, dcp_size: int, page_size: int | None) -> None:
     """SGLang's conditions for DCP storage keys (docs/keys.md#dcp); InputError when one fails."""
-    if version != V0_5_23:
+    if not since(validate_version(version), DCP_KEYS_SINCE):
         raise InputError(
             f"dcp-size {dcp_size}: SGLang {version} has no DCP storage keys.",
-            hint="DCP storage keys exist in SGLang 0.5.23; pass --sglang-version 0.5.23.",
+            hint=f"DCP storage keys exist since SGLang {DCP_KEYS_SINCE}; pass --sglang-version {DCP_KEYS_SINCE}.",
         )
     if not mla:
         raise InputError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.versions import V0_5_14, validate_version
+from hicache_ops.sglang.versions import V0_5_14, family, since, validate_version
 
 # docs/controller.md#defaults
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
@@ -22,12 +22,48 @@ DEFAULT_EVICTION_POLICY = "lru"
 LOAD_BACK_THRESHOLD = 10
 # SGLang queries and writes storage in batches of this many pages (docs/keys.md#batch-size).
 STORAGE_BATCH_PAGES = 128
-# 0.5.23's retry of rate-limited prefetches (docs/controller.md#in-flight-limit).
+# Rules keyed by release (docs/releases.md names each with its SGLang file):
+# in-flight limit 0.5 x host instead of 0.8 x (host - device): managers/cache_controller.py
+HOST_HALF_LIMIT_SINCE = "0.5.15"
+# storage-prefetch retry flags exist (poll 0 = off, max 4): server_args.py
+RETRY_FLAGS_SINCE = "0.5.19"
+# retries on by default (poll 8, max 8): arg_groups/fields/memory.py
+RETRY_DEFAULT_ON_SINCE = "0.5.20"
+# UnifiedRadixCache's budget (no max, from the issue): mem_cache/unified_radix_cache.py
+UNIFIED_BUDGET_SINCE = "0.5.19"
+# budget from requested tokens, clock at the first blocked admission check: unified_radix_cache.py
+REQUESTED_BUDGET_SINCE = "0.5.23"
+# `tlru` radix eviction: mem_cache/utils.py (TLRUStrategy)
+TLRU_SINCE = "0.5.21"
+# prefetch host pages allocated once the hit is known: mem_cache/hiradix_cache.py (_drain_and_alloc_storage_hit)
+HOST_AT_HIT_SINCE = "0.5.16"
+# shortfall-sized eviction, unbacked ancestors backed up: mem_cache/unified_radix_cache.py
+SHORTFALL_EVICTION_SINCE = "0.5.19"
+# write_back reclaims host duplicates: mem_cache/unified_radix_cache.py
+WRITE_BACK_RECLAIM_SINCE = "0.5.20"
+# a hit counted once per request (inserted_len): mem_cache/unified_radix_cache.py
+HIT_ONCE_SINCE = "0.5.22"
+# The newest retry defaults (docs/controller.md#in-flight-limit).
 RETRY_POLL_INTERVAL_PASSES = 8
 RETRY_MAX_ATTEMPTS = 8
-# docs/controller.md#eviction-policies: what SGLang offers, and what the engine implements.
-_EVICTION_POLICIES = {V0_5_14: ("lru", "lfu", "slru", "priority"), "0.5.23": ("lru", "lfu", "slru", "priority", "tlru")}
+# docs/controller.md#eviction-policies: what the engine implements.
 MODELLED_EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu")
+
+
+def eviction_policies(version: str) -> tuple[str, ...]:
+    """The radix eviction policies SGLang `version` offers."""
+    base = ("lru", "lfu", "slru", "priority")
+    return (*base, "tlru") if since(validate_version(version), TLRU_SINCE) else base
+
+
+def retry_defaults(version: str) -> tuple[int, int] | None:
+    """(poll interval in scheduler passes, max attempts) by default; None: the release has no retry."""
+    version = validate_version(version)
+    if since(version, RETRY_DEFAULT_ON_SINCE):
+        return RETRY_POLL_INTERVAL_PASSES, RETRY_MAX_ATTEMPTS
+    if since(version, RETRY_FLAGS_SINCE):
+        return 0, 4
+    return None
 
 
 def check_write_policy(policy: str) -> str:
@@ -46,7 +82,7 @@ def check_stop_policy(policy: str) -> str:
 
 def check_eviction_policy(policy: str, version: str) -> str:
     """A policy SGLang `version` offers and the engine implements; otherwise say which it is."""
-    offered = _EVICTION_POLICIES[validate_version(version)]
+    offered = eviction_policies(version)
     if policy not in offered:
         raise InputError(
             f"SGLang {version} has no radix eviction policy {policy!r}.", hint=f"It offers: {', '.join(offered)}."
@@ -72,32 +108,32 @@ def write_through_threshold(policy: str) -> int | None:
 def counts_every_insert(version: str) -> bool:
     """0.5.14 counts a hit per insert (a request inserts after prefill and at finish, so it counts
     its own pages twice); 0.5.23 counts each node once per request."""
-    return validate_version(version) == V0_5_14
+    return not since(validate_version(version), HIT_ONCE_SINCE)
 
 
 def counts_revived_nodes(version: str) -> bool:
     """An insert that gives a node off the device its recomputed pages back: 0.5.23 counts a hit on
     it (the node is on the device by the time it is counted); 0.5.14 counts none."""
-    return validate_version(version) != V0_5_14
+    return family(validate_version(version)) != V0_5_14
 
 
 def backs_up_unbacked_ancestors(version: str) -> bool:
     """A node due for backup whose parent has no host copy: 0.5.23 backs the unbacked ancestors up
     with it; 0.5.14 skips the node until its parent is backed up."""
-    return validate_version(version) != V0_5_14
+    return since(validate_version(version), SHORTFALL_EVICTION_SINCE)
 
 
 def reclaims_host_duplicates(version: str, write_policy: str) -> bool:
     """0.5.23 write_back frees host copies of device-resident nodes before evicting host nodes
     (docs/controller.md#write_back-host-reclaim)."""
-    return validate_version(version) != V0_5_14 and write_policy == "write_back"
+    return since(validate_version(version), WRITE_BACK_RECLAIM_SINCE) and write_policy == "write_back"
 
 
 def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) -> int:
     """Host pages a host allocation of `needed` pages asks host eviction for when only `free` are
     free (docs/controller.md#host-eviction): 0.5.14 asks for the whole allocation, for a backup
     and for a prefetch alike; 0.5.23 for the shortfall of a backup and the whole hit of a prefetch."""
-    if validate_version(version) == V0_5_14 or prefetch:
+    if not since(validate_version(version), SHORTFALL_EVICTION_SINCE) or prefetch:
         return needed
     return needed - free
 
@@ -105,7 +141,7 @@ def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) ->
 def load_back_eviction_pages(version: str, needed: int, free: int) -> int:
     """Device pages a load-back of `needed` pages asks device eviction for when only `free` are free
     (docs/controller.md#load-back): 0.5.14 the whole load, 0.5.23 the shortfall."""
-    if validate_version(version) == V0_5_14:
+    if not since(validate_version(version), SHORTFALL_EVICTION_SINCE):
         return needed
     return needed - free
 
@@ -128,27 +164,36 @@ def effective_prefetch_threshold(threshold: int, page_size: int) -> int:
 
 def prefetch_limit_tokens(version: str, host_tokens: int, device_tokens: int) -> int:
     """Requested tokens that issued prefetches may hold before new ones are rate limited."""
-    if validate_version(version) == V0_5_14:
+    if not since(validate_version(version), HOST_HALF_LIMIT_SINCE):
         return max(0, int(0.8 * (host_tokens - device_tokens)))
     return int(0.5 * host_tokens)
 
 
 def prefetch_limit_rule(version: str) -> str:
-    if validate_version(version) == V0_5_14:
-        return "0.5.14: 0.8 x (host - device)"
-    return "0.5.23: 0.5 x host"
+    if not since(validate_version(version), HOST_HALF_LIMIT_SINCE):
+        return f"{version}: 0.8 x (host - device)"
+    return f"{version}: 0.5 x host (since {HOST_HALF_LIMIT_SINCE})"
 
 
 def retries_rate_limited(version: str) -> bool:
-    """0.5.23 re-issues a rate-limited prefetch (every RETRY_POLL_INTERVAL_PASSES scheduler passes,
-    up to RETRY_MAX_ATTEMPTS); 0.5.14 never offers it again."""
-    return validate_version(version) != V0_5_14
+    """Whether a rate-limited prefetch is re-issued by default: since 0.5.20 every
+    RETRY_POLL_INTERVAL_PASSES scheduler passes, up to RETRY_MAX_ATTEMPTS; 0.5.19 has the flags
+    but off (poll 0); before 0.5.19 it is never offered again."""
+    defaults = retry_defaults(version)
+    return defaults is not None and defaults[0] > 0
 
 
 def retry_rule(version: str) -> str:
-    if retries_rate_limited(version):
-        return f"0.5.23 retries every {RETRY_POLL_INTERVAL_PASSES} scheduler passes, up to {RETRY_MAX_ATTEMPTS} times"
-    return "0.5.14 never retries"
+    defaults = retry_defaults(version)
+    if defaults is None:
+        return f"{version} never retries (no retry before {RETRY_FLAGS_SINCE})"
+    poll, attempts = defaults
+    if poll == 0:
+        return (
+            f"{version} does not retry by default (--hicache-storage-prefetch-retry-poll-interval 0, "
+            f"max attempts {attempts})"
+        )
+    return f"{version} retries every {poll} scheduler passes, up to {attempts} times"
 
 
 def rate_limited_verdict(version: str, in_flight: int, limit: int) -> str:
@@ -163,7 +208,7 @@ def allocates_host_at_hit(version: str) -> bool:
     """Where a prefetch's host pages come from (docs/controller.md#prefetch-host-allocation):
     0.5.14 takes the whole requested span when it issues; 0.5.23 takes the hit once it is known.
     Both accept a partial allocation that still covers the threshold."""
-    return validate_version(version) != V0_5_14
+    return since(validate_version(version), HOST_AT_HIT_SINCE)
 
 
 def _tokens(n: int) -> str:
@@ -192,9 +237,12 @@ class TimeoutBudget:
         requested_tokens/1024, the whole unmatched span, and `maximum` is not read.
         Extra-config prefetch_timeout_base / _per_ki_token (/ _max, 0.5.14) override the constants.
         """
-        if validate_version(version) == V0_5_14:
+        version = validate_version(version)
+        if not since(version, UNIFIED_BUDGET_SINCE):
             base, per_ki, cap, tokens = 2.0, 0.1, 30.0, hit_tokens
             cap = self.maximum if self.maximum is not None else cap
+        elif not since(version, REQUESTED_BUDGET_SINCE):
+            base, per_ki, cap, tokens = 1.0, 0.25, None, hit_tokens
         else:
             base, per_ki, cap, tokens = 1.0, 0.25, None, requested_tokens
         base = self.base if self.base is not None else base
@@ -204,15 +252,18 @@ class TimeoutBudget:
 
 
 def budget_rule(version: str) -> str:
-    if validate_version(version) == V0_5_14:
-        return "0.5.14: min(30, 2.0 + 0.1 x hit tokens/1024) from the request's queueing"
-    return "0.5.23: 1.0 + 0.25 x requested tokens/1024 from the first admission check that finds it unfinished"
+    version = validate_version(version)
+    if not since(version, UNIFIED_BUDGET_SINCE):
+        return f"{version}: min(30, 2.0 + 0.1 x hit tokens/1024) from the request's queueing"
+    if not since(version, REQUESTED_BUDGET_SINCE):
+        return f"{version}: 1.0 + 0.25 x hit tokens/1024, no maximum, from the request's queueing"
+    return f"{version}: 1.0 + 0.25 x requested tokens/1024 from the first admission check that finds it unfinished"
 
 
 def clock_starts_at_issue(version: str) -> bool:
-    """0.5.14's budget runs from the prefetch's issue (the request's queueing); 0.5.23's from the
-    first admission check that finds the prefetch unfinished."""
-    return validate_version(version) == V0_5_14
+    """Before 0.5.23 the budget runs from the prefetch's issue (the request's queueing); since
+    0.5.23 from the first admission check that finds the prefetch unfinished."""
+    return not since(validate_version(version), REQUESTED_BUDGET_SINCE)
 
 
 def stop_deadline(policy: str, budget_s: float, admission_s: float, version: str) -> float:
@@ -238,7 +289,7 @@ def unmodelled_host_mode(host_memory_mode: str | None, version: str) -> str | No
     """A sentence when a deployment's host memory mode is one the engine cannot represent."""
     if host_memory_mode in (None, "", "cache"):
         return None
-    if host_memory_mode == "buffer_only" and validate_version(version) != V0_5_14:
+    if host_memory_mode == "buffer_only" and family(validate_version(version)) != V0_5_14:
         return (
             "this deployment runs 0.5.23's buffer_only host memory mode: host RAM only stages L3 transfers "
             "(no L2 tier, prefetch limit 0.9 x host on real usage); the engine models the cache mode, so its "

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import positive_int
 from hicache_ops.sglang.host_pool import LAYOUTS
-from hicache_ops.sglang.versions import NEWEST, V0_5_14, V0_5_23, validate_version
+from hicache_ops.sglang.versions import NEWEST, V0_5_14, V0_5_23, family, validate_version
 
 # The IO backends between device and host on CUDA/ROCm (kernel_ascend is Ascend-only).
 IO_BACKENDS: tuple[str, ...] = ("kernel", "direct")
@@ -64,10 +64,10 @@ def resolve_layout(
     if layout == "page_first" and io_backend == "direct":
         layout = "page_first_direct"
         notes.append("layout page_first -> page_first_direct: the direct backend needs whole pages contiguous.")
-    if version == V0_5_14 and rocm and layout == "page_first" and io_backend == "kernel":
+    if family(version) == V0_5_14 and rocm and layout == "page_first" and io_backend == "kernel":
         layout = "layer_first"
         notes.append("layout page_first -> layer_first: SGLang 0.5.14 on ROCm has no page_first kernel write-back.")
-    skip_for_dcp = version == V0_5_23 and dcp_size > 1
+    skip_for_dcp = family(version) == V0_5_23 and dcp_size > 1
     if mooncake and layout == "layer_first" and not skip_for_dcp:
         layout = "page_first_direct" if io_backend == "direct" else "page_first"
         notes.append(

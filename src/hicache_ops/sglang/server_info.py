@@ -10,7 +10,6 @@ each one that disagrees with the server is reported, never silently dropped.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.sglang.launch import LaunchArgs
 from hicache_ops.sglang.page_keys import Deployment
-from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_23
+from hicache_ops.sglang.versions import NEWEST, OLDEST, V0_5_23, VersionChoice, family, resolve_version, since
+
+# /get_hicache_l3_cache_layout exists since 0.5.23 (entrypoints/http_server.py).
+L3_LAYOUT_SINCE = "0.5.23"
 
 if TYPE_CHECKING:
     import httpx
@@ -179,7 +181,7 @@ class Resolution:
 def _unknown_version(info: ServerInfo) -> InputError:
     return InputError(
         f"the server at {info.url} runs SGLang {info.version}, whose key rules this toolkit does not know.",
-        hint=f"Pass --sglang-version ({', '.join(SUPPORTED_VERSIONS)}) to choose the rules to apply.",
+        hint=f"Pass --sglang-version (a release from {OLDEST} to {NEWEST}) to choose the rules to apply.",
     )
 
 
@@ -263,12 +265,19 @@ def fetch_l3_layout(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str
     return body if isinstance(body, dict) else None
 
 
+def served_choice(version: str) -> VersionChoice | None:
+    """The rules a served version string gets (docs/releases.md), or None when it is older than
+    0.5.14 or not a release number; a newer one gets the newest rules with a warning note."""
+    try:
+        return resolve_version(version or "", reason="the server's reported version")
+    except InputError:
+        return None
+
+
 def supported_version(version: str) -> str | None:
-    """The supported key scheme a served version string names (a post or local tag kept apart)."""
-    match = re.match(r"(\d+\.\d+\.\d+)(?![\d])", version or "")
-    if match and match.group(1) in SUPPORTED_VERSIONS:
-        return match.group(1)
-    return None
+    """The release whose rules a served version string gets, None when the toolkit has none."""
+    choice = served_choice(version)
+    return None if choice is None else choice.version
 
 
 def _extra_config(source: Any) -> tuple[dict[str, Any] | None, list[str]]:
@@ -305,7 +314,11 @@ def launch_flags(body: dict[str, Any], version: str | None) -> str:
     argv: list[str] = []
     for name in (f.name for f in fields(LaunchArgs) if f.name not in _LAUNCH_BOOKKEEPING):
         value = body.get(name)
-        if value is None or value is False or (name == "enable_dp_attention" and version == V0_5_23):
+        if (
+            value is None
+            or value is False
+            or (name == "enable_dp_attention" and version is not None and family(version) == V0_5_23)
+        ):
             continue
         if name == "hicache_storage_backend_extra_config" and (not isinstance(value, str) or value.startswith("@")):
             continue
@@ -346,9 +359,11 @@ def interpret(body: dict[str, Any], url: str, route: str, l3_layout: dict[str, A
     """Read a server-info body (docs/server-info.md#body-0514, #body-0523) into a ServerInfo."""
     notes: list[str] = []
     version = str(body["version"])
-    scheme = supported_version(version)
-    if scheme is not None and scheme != version:
-        notes.append(f"the server reports SGLang {version}; applying the {scheme} rules.")
+    choice = served_choice(version)
+    scheme = None if choice is None else choice.version
+    if choice is not None:
+        notes.append(f"the server reports SGLang {version}: applying the {scheme} rules (from --sglang-url).")
+        notes += [n for n in choice.notes]
     page_size = body["page_size"]
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise InputError(f"the server at {url} reports page_size {page_size!r}, not a positive integer.")
@@ -402,7 +417,7 @@ def _with_prefix_check(info: ServerInfo) -> ServerInfo:
     difference means a prefix part this toolkit does not model (a DCP part, a pool format tag).
     """
     inner = (info.l3_layout or {}).get("hicache_object_layout") or {}
-    if "key_prefix" not in inner or info.sglang_version != V0_5_23:
+    if "key_prefix" not in inner or info.sglang_version is None or not since(info.sglang_version, L3_LAYOUT_SINCE):
         return info
     served = inner["key_prefix"]
     try:
@@ -420,7 +435,8 @@ def read_server(url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> ServerInfo:
     body, route = fetch_server_info(url, timeout=timeout)
     base = _check_url(url)
     layout = None
-    if "hicache_object_layout" not in body and supported_version(str(body["version"])) == V0_5_23:
+    scheme = supported_version(str(body["version"]))
+    if "hicache_object_layout" not in body and scheme is not None and since(scheme, L3_LAYOUT_SINCE):
         layout = fetch_l3_layout(base, timeout=timeout)
     return interpret(body, base, route, layout)
 

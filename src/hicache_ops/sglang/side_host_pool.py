@@ -25,7 +25,7 @@ from hicache_ops.sglang.geometry import ModelGeometry, positive_int
 from hicache_ops.sglang.host_pool import BufferSpec, HostPoolLayout, PageObject
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import PoolSpec, check_pool, pool_suffixes
-from hicache_ops.sglang.versions import V0_5_14, V0_5_23
+from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
 
 # Layouts SGLang's Mamba host pool accepts, per version (anything else raises at start-up).
 MAMBA_LAYOUTS = {V0_5_14: ("page_first_direct",), V0_5_23: ("page_first", "page_first_direct")}
@@ -215,7 +215,7 @@ def _kv_side_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str], swa_t
                 f"SWA device pool: {tokens} tokens assumed (SGLang sizes it by --swa-full-tokens-ratio; "
                 "pass swa:tokens=N from its start-up log)."
             )
-        if version == V0_5_23 and kv.hicache_size_gb > 0:
+        if family(version) == V0_5_23 and kv.hicache_size_gb > 0:
             raise InputError(
                 "pool swa with --hicache-size on SGLang 0.5.23: the GB are split between the KV and SWA host pools "
                 "by device-pool bytes, which is not modelled.",
@@ -239,7 +239,7 @@ def _kv_side_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str], swa_t
         if spec.layers is None:
             notes.append(f"{spec.name} layers: 1 (EAGLE/MTP drafts have one; pass {spec.name}:layers=N).")
         tokens = spec.tokens or (kv.device_tokens if spec.name == "draft" else swa_tokens)
-        if spec.name == "draft" and version == V0_5_23:
+        if spec.name == "draft" and family(version) == V0_5_23:
             side = HostPoolLayout(
                 geo,
                 kv.layout,
@@ -328,10 +328,10 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
     assert spec.layers is not None and spec.conv_shapes is not None  # else `missing` raised above
     if len(spec.conv_shapes) != spec.conv:
         raise InputError(f"pool mamba: conv={spec.conv} but {len(spec.conv_shapes)} conv_shapes.")
-    if kv.layout not in MAMBA_LAYOUTS[version]:
+    if kv.layout not in MAMBA_LAYOUTS[family(version)]:
         raise InputError(
             f"SGLang {version}'s Mamba host pool refuses the {kv.layout} layout (it takes "
-            f"{' or '.join(MAMBA_LAYOUTS[version])}), so the server would not start.",
+            f"{' or '.join(MAMBA_LAYOUTS[family(version)])}), so the server would not start.",
             hint="Run with --hicache-mem-layout page_first_direct --hicache-io-backend direct.",
         )
     L, tp = spec.layers, kv.tp_size
@@ -351,7 +351,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
     device = spec.tokens or DEFAULT_MAMBA_SLOTS
     warnings: list[str] = []
     if kv.hicache_size_gb > 0:
-        if version == V0_5_23:
+        if family(version) == V0_5_23:
             raise InputError(
                 "pool mamba with --hicache-size on SGLang 0.5.23: the GB are split between the KV and Mamba host "
                 "pools by device-pool bytes, which is not modelled.",
@@ -362,7 +362,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
         size = int(device * kv.hicache_ratio)
     page_num = size + 1  # one slot per page, plus one
     if page_num <= device:
-        if version == V0_5_14:
+        if family(version) == V0_5_14:
             raise InputError(
                 f"a Mamba host pool of {page_num} slots is not larger than the device pool ({device} slots), "
                 "which SGLang 0.5.14 refuses at start-up.",
@@ -377,7 +377,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
     # SGLang 0.5.23 leaves an empty temporal state out of the page (and its key); 0.5.14 always lists it.
     components = (
         [("temporal", "temporal_buffer", L * temporal_elems * temporal_isz)]
-        if temporal_elems or version == V0_5_14
+        if temporal_elems or family(version) == V0_5_14
         else []
     )
     components += [(f"conv_{i}", f"conv_buffer[{i}]", L * n * conv_isz) for i, n in enumerate(conv_elems)]
@@ -401,7 +401,7 @@ def _mamba_pool(spec: PoolSpec, kv: HostPoolLayout, suffixes: list[str]) -> Side
             f"Mamba device pool: {device} slots assumed (SGLang sizes it from free GPU memory and logs "
             "max_mamba_cache_size at start-up; pass --pool mamba:tokens=N)."
         )
-    if version == V0_5_23:
+    if family(version) == V0_5_23:
         notes.append("0.5.23 MTP drafts can add layers to this pool (mtp_draft_buffer_infos); not modelled.")
     return SideHostPool(
         name="mamba",

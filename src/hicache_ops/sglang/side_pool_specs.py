@@ -14,7 +14,7 @@ from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
-from hicache_ops.sglang.versions import V0_5_14, V0_5_23
+from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
 
 _DEEPSEEK_V4_BOTH = (
     "deepseek_v4_c4",
@@ -224,14 +224,14 @@ def check_pool(spec: PoolSpec, version: str, mla: bool) -> None:
             "auxiliary_swa has no Mooncake key rule: SGLang's Mooncake store refuses it "
             "(docs/side-pools.md#side-pool-object-keys)."
         )
-    if spec.name not in SIDE_POOLS[version]:
+    if spec.name not in SIDE_POOLS[family(version)]:
         known = [v for v, names in SIDE_POOLS.items() if spec.name in names]
         raise InputError(
             f"SGLang {version} has no pool {spec.name!r}"
             + (
                 f" (it exists in {', '.join(known)})."
                 if known
-                else f"; its side pools: {', '.join(SIDE_POOLS[version])}."
+                else f"; its side pools: {', '.join(SIDE_POOLS[family(version)])}."
             ),
         )
     if spec.attention is not None and spec.name not in ("draft", "draft_swa"):
@@ -243,7 +243,7 @@ def check_pool(spec: PoolSpec, version: str, mla: bool) -> None:
     if spec.name == "mamba":
         if spec.conv == 0 and not spec.temporal:
             raise InputError("pool mamba: with conv=0 and temporal=0 there is nothing to store.")
-        if version == V0_5_14 and not spec.temporal:
+        if family(version) == V0_5_14 and not spec.temporal:
             raise InputError(
                 "pool mamba: SGLang 0.5.14 always writes the temporal object (0.5.23 drops it when empty); "
                 "temporal=0 applies to 0.5.23."
@@ -380,7 +380,7 @@ def preset(name: str, version: str) -> PoolPreset:
     if name not in PRESETS:
         raise InputError(f"unknown pool preset {name!r}; presets: {', '.join(PRESETS)}.")
     found = PRESETS[name]
-    if version not in found.versions:
+    if family(version) not in found.versions:
         raise InputError(
             f"pool preset {name} needs SGLang {', '.join(found.versions)} (its pools do not exist in {version})."
         )

@@ -21,7 +21,7 @@ from hicache_ops.sglang.host_pool import LAYOUTS
 from hicache_ops.sglang.policy import STOP_POLICIES, WRITE_POLICIES
 from hicache_ops.sglang.rewrites import IO_BACKENDS
 from hicache_ops.sglang.side_pool_specs import PRESETS as POOL_PRESETS
-from hicache_ops.sglang.versions import NEWEST, SUPPORTED_VERSIONS
+from hicache_ops.sglang.versions import NEWEST, OLDEST, SUPPORTED_VERSIONS
 
 INPUT = "Input"
 DEPLOYMENT = "Deployment"
@@ -60,9 +60,34 @@ def _listed(choices: type[StrEnum]) -> str:
     return ", ".join(member.value for member in choices)
 
 
-def value_of(choice: StrEnum | None) -> str | None:
+def value_of(choice: StrEnum | str | None) -> str | None:
     """The string a user typed (None stays None), for the library and for JSON."""
-    return None if choice is None else choice.value
+    return None if choice is None else getattr(choice, "value", choice)
+
+
+def _version_choice(value: str | None) -> str | None:
+    """--sglang-version's callback: which release's rules apply and why go into the output.
+
+    The choice (given, or the installed sglang's, or the newest) is named in the JSON
+    (`sglang_rules`, warnings also in `notes`) and on stderr; a refused version is left for the
+    command to report (one sentence, exit 2).
+    """
+    from hicache_ops.cli.common.output import ARGV, add_json_extras, stderr
+    from hicache_ops.errors import InputError
+    from hicache_ops.sglang.versions import choose
+
+    if value is None and any(a == "--sglang-url" or a.startswith("--sglang-url=") for a in ARGV.get()):
+        return value  # the server's version decides (--sglang-url says which and why)
+    try:
+        choice = choose(value)
+    except InputError:
+        return value
+    warnings = [n for n in choice.notes if n.startswith("warning:")]
+    add_json_extras({"sglang_rules": choice.to_dict()}, notes=warnings)
+    # The installed sglang being a known release is no fallback: that choice is in the JSON only.
+    for note in warnings:
+        stderr.print(f"[bold yellow]warning:[/] {note.removeprefix('warning: ')}", highlight=False)
+    return value
 
 
 # Output
@@ -247,10 +272,12 @@ MooncakeConfigOption = Annotated[
 
 # Deployment: SGLang's settings, under SGLang's flag names
 SglangVersionOption = Annotated[
-    SglangVersion | None,
+    str | None,
     typer.Option(
         "--sglang-version",
-        help=f"SGLang key scheme: {_listed(SglangVersion)} (default: the installed sglang, else {NEWEST}).",
+        callback=_version_choice,
+        help=f"SGLang release whose rules apply: {OLDEST} to {NEWEST}, post releases too; newer ones get "
+        f"{NEWEST}'s rules with a warning (default: the installed sglang, else {NEWEST}; docs/releases.md).",
         metavar="VERSION",
         show_default=False,
         rich_help_panel=DEPLOYMENT,

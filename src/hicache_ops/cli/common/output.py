@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
@@ -32,6 +32,24 @@ DEBUG_ENV = "HICACHE_DEBUG"
 # Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
 # The default is read-only: a command sets its own dict, never fills the shared default.
 JSON_EXTRAS: ContextVar[Mapping[str, Any]] = ContextVar("json_extras", default=MappingProxyType({}))
+# The invocation's arguments (set by the root app), for options whose meaning depends on another.
+ARGV: ContextVar[tuple[str, ...]] = ContextVar("argv", default=())
+
+
+def add_json_extras(fields: dict, *, notes: Sequence[str] = ()) -> None:
+    """Add fields to the command's JSON object; `notes` are appended to its `notes` list."""
+    extras = dict(JSON_EXTRAS.get())
+    extras.update(fields)
+    if notes:
+        extras["notes"] = [*extras.get("notes", []), *notes]
+    JSON_EXTRAS.set(extras)
+
+
+def _merged(data: dict, extras: Mapping[str, Any]) -> dict:
+    out = {**data, **extras}
+    if "notes" in extras and isinstance(data.get("notes"), list):
+        out["notes"] = [*data["notes"], *extras["notes"]]
+    return out
 
 
 def print_json(data: Any) -> None:
@@ -53,7 +71,7 @@ def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
     if json_output:
         data = json_data(result)
         extras = JSON_EXTRAS.get()
-        print_json({**data, **extras} if extras and isinstance(data, dict) else data)
+        print_json(_merged(data, extras) if extras and isinstance(data, dict) else data)
     else:
         render(result)
 

@@ -104,6 +104,20 @@ def _as_option(value: Any, choices: type[Enum] | None, flag: str) -> Any:
         ) from None
 
 
+def _rules_from_server(resolution, given: dict) -> dict:
+    """`sglang_rules` when the server's version chose the rules (no --sglang-version given)."""
+    if "sglang_version" in given or resolution.server.sglang_version is None:
+        return {}
+    return {
+        "sglang_rules": {
+            "version": resolution.server.sglang_version,
+            "requested": resolution.server.version,
+            "reason": "--sglang-url",
+            "notes": [n for n in resolution.server.notes if "rules" in n],
+        }
+    }
+
+
 def _report(ctx: typer.Context, resolution, params_for: dict[str, str], applied: list[str]) -> None:
     server = resolution.server
     if applied:
@@ -184,7 +198,12 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
                     kwargs[SERVER_PARAM] = resolution.server
             _report(ctx, resolution, params_for, applied)
             token = JSON_EXTRAS.set(
-                {"sglang_server": resolution.to_json(), "server_disagreements": resolution.disagreements}
+                {
+                    **JSON_EXTRAS.get(),
+                    "sglang_server": resolution.to_json(),
+                    "server_disagreements": resolution.disagreements,
+                    **_rules_from_server(resolution, given),
+                }
             )
             try:
                 return command(**kwargs)

@@ -31,7 +31,7 @@ from hicache_ops.commands.inspect.live_lookup import Lookup
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import hit_policy
 from hicache_ops.sglang.page_keys import dcp_topology
-from hicache_ops.sglang.versions import V0_5_14
+from hicache_ops.sglang.versions import V0_5_14, family
 
 _leading = hit_policy.leading
 
@@ -140,7 +140,7 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
         )
         effect = (
             f"this pool alone serves {served} of the {lookup.kv_contiguous} KV pages"
-            if pool.trailing_pages is None or lookup.deployment.version == V0_5_14
+            if pool.trailing_pages is None or family(lookup.deployment.version) == V0_5_14
             else f"this pool alone can stop at {served} at most; SGLang loads {lookup.prefix.pages} pages "
             f"(restorable stop points: {_ranges(lookup.prefix.restorable or [])})"
         )
@@ -187,7 +187,7 @@ def other_prefix(lookup: Lookup, _: list[dict]) -> list[dict]:
         by_prefix.pop(dep.schemes()[0].prefix, None)
     # A 0.5.14 reader prefixes with the tag only: when 0.5.23 computes the same page keys, another
     # prefix is a 0.5.23 writer's model prefix, which is a version mismatch first.
-    newer = [dep.version for dep in same_keys_other_version if lookup.deployment.version == V0_5_14]
+    newer = [dep.version for dep in same_keys_other_version if family(lookup.deployment.version) == V0_5_14]
     runs = {p: _leading([kv_set <= index.get(k, {}).get(p, set()) for k in page_keys]) for p in by_prefix}
     out = []
     for prefix in sorted(by_prefix, key=lambda p: (-runs[p], -by_prefix[p], p)):

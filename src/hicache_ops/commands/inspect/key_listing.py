@@ -6,8 +6,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.page_keys import Deployment, namespace_seed, normalise_namespace, page_keys
+from hicache_ops.sglang.page_keys import (
+    NAMESPACE_SEED_SINCE,
+    Deployment,
+    namespace_seed,
+    normalise_namespace,
+    page_keys,
+    seeds_namespace,
+)
 from hicache_ops.sglang.side_pool_specs import PoolSpec, check_pool, pool_suffixes
+from hicache_ops.sglang.versions import family
 
 
 @dataclass
@@ -107,10 +115,10 @@ def expected_keys(
             f"the last {report.trailing_tokens} tokens fill no whole page: "
             "the storage path drops them (the radix tree still hashes them)."
         )
-    if version == "0.5.14" and (extra_key is not None or cache_salt is not None):
+    if not seeds_namespace(version) and (extra_key is not None or cache_salt is not None):
         report.notes.append(
-            "SGLang 0.5.14 ignores extra_key and cache_salt in page keys: tenants with the same "
-            "tokens share these keys; 0.5.23 seeds the chain with them."
+            f"SGLang {version} ignores extra_key and cache_salt in page keys: tenants with the same "
+            f"tokens share these keys; releases since {NAMESPACE_SEED_SINCE} seed the chain with them."
         )
     if deployment.mla and deployment.dcp_size > 1:
         report.notes.append(
@@ -129,7 +137,7 @@ def expected_keys(
     ]
     if deployment.mla and per_rank:
         names = ", ".join(per_rank)
-        if version == "0.5.14":
+        if family(version) == "0.5.14":
             report.notes.append(
                 f"MLA with side pools named per tp rank ({names}): SGLang 0.5.14 skips every backup on tp ranks "
                 "other than 0, yet each rank looks up its own objects, so those ranks never find theirs and the "

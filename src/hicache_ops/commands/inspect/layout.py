@@ -21,7 +21,7 @@ from hicache_ops.sglang.host_pool import (
 from hicache_ops.sglang.rewrites import Resolution, layout_warnings, resolve_layout
 from hicache_ops.sglang.side_host_pool import SideHostPool, SidePageMeta, side_host_pools
 from hicache_ops.sglang.side_pool_specs import PoolSpec
-from hicache_ops.sglang.versions import NEWEST, V0_5_23, validate_version
+from hicache_ops.sglang.versions import NEWEST, V0_5_23, family, validate_version
 
 
 def parse_pages(text: str | None) -> list[int] | None:
@@ -128,7 +128,7 @@ def inspect_layout(
             f"{pool.bytes_per_token} bytes per token, plus one page"
             + (" (--hicache-ratio is ignored)." if hicache_ratio is not None else ".")
         )
-    elif hicache_ratio is None and sglang_version == V0_5_23:
+    elif hicache_ratio is None and family(sglang_version) == V0_5_23:
         notes.append(
             "SGLang 0.5.23 without --hicache-ratio or --hicache-size may lower the 2.0 ratio at "
             "start-up so all host pools fit 0.8 of the free host memory (after a 10 GiB reserve)."

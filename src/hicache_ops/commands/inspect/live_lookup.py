@@ -14,12 +14,12 @@ from hicache_ops.errors import InputError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.sglang.hit_policy import LoadablePrefix
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
-from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_14
+from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_14, family
 
 
 def _namespaces(version: str, extra_key, cache_salt, try_extra_keys, try_cache_salts) -> list[tuple]:
     """Other (extra_key, cache_salt) pairs worth trying; 0.5.14 ignores namespaces entirely."""
-    if version == V0_5_14:
+    if family(version) == V0_5_14:
         return []
     extras = [extra_key, *try_extra_keys]
     salts = [cache_salt, *try_cache_salts]

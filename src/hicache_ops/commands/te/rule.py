@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.config import StoreConfig, check_metadata_server, resolve_store_config
 from hicache_ops.sglang.launch import LaunchArgs, env_bool, normalise_ib_device, parse_ib_device
-from hicache_ops.sglang.versions import V0_5_23
+from hicache_ops.sglang.versions import V0_5_23, family
 
 P2P = "P2PHANDSHAKE"
 RDMA = "rdma"
@@ -264,7 +264,7 @@ def _check_raw_types(cfg: StoreConfig, extra_config: dict | None) -> None:
     where = "the extra-config" if cfg.origin == "extra_config" else f"the Mooncake config file {cfg.config_path}"
     for key in ("device_name", "metadata_server", "protocol", "local_hostname"):
         if key in raw and not isinstance(raw[key], str):
-            if key == "local_hostname" and cfg.sglang_version == V0_5_23 and raw[key] is None:
+            if key == "local_hostname" and family(cfg.sglang_version) == V0_5_23 and raw[key] is None:
                 continue  # 0.5.23 falls back to "localhost" when it is null
             raise InputError(
                 f"{key} is {json.dumps(raw[key])} in {where}; SGLang passes it to Mooncake's setup(), which raises "
@@ -315,7 +315,7 @@ def evaluate(sc: Scenario, *, check_metadata: bool = True) -> Evaluation:
         reasons.append("--language-only with --encoder-transfer-backend mooncake")
     if args.enable_elastic_expert_backup and args.elastic_ep_backend is not None:
         reasons.append(f"elastic expert backup with --elastic-ep-backend {args.elastic_ep_backend}")
-    if version == V0_5_23 and args.elastic_ep_backend == "mooncake" and not args.enable_elastic_expert_backup:
+    if family(version) == V0_5_23 and args.elastic_ep_backend == "mooncake" and not args.enable_elastic_expert_backup:
         reasons.append("--elastic-ep-backend mooncake")
     exists = bool(reasons)
     if exists:

@@ -466,6 +466,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                 "host_free_pages": data["host_free_pages"],
                 "capacity_tokens": data["capacity_tokens"],
                 "capacity_rule": data["capacity_rule"],
+                "retry_rule": pol.retry_rule(cfg.sglang_version),
+                "budget_rule": pol.budget_rule(cfg.sglang_version),
                 "page_aligned": True,
             }
             if info.reason:
@@ -484,7 +486,8 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                 PASS,
                 f"{info.considered_tokens} page-aligned tokens to look up (threshold {info.threshold}); "
                 f"SGLang admits prefetches while fewer than {data['capacity_tokens']} requested tokens are in flight "
-                f"({data['capacity_rule']})",
+                f"({data['capacity_rule']}); rate limited: {pol.retry_rule(cfg.sglang_version)}; "
+                f"timeout budget {pol.budget_rule(cfg.sglang_version)}",
                 invariant="suffix >= max(prefetch_threshold, page_size)",
                 detail=detail,
             )
