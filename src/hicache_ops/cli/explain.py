@@ -2,40 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
+    AllowWritesOption,
     CacheSaltOption,
+    ExtraBackendTagOption,
     ExtraKeyOption,
+    HostLayout,
     JsonOption,
+    LayoutOption,
     LineOption,
     MasterOption,
+    MlaOption,
+    ModelNameOption,
+    PageSizeOption,
+    PpSizeOption,
+    SglangVersionOption,
     TextOption,
     TimeoutOption,
     TokenizerOption,
     TokensFileOption,
     TokensOption,
+    TpSizeOption,
+    value_of,
 )
 from hicache_ops.cli.common.output import emit, reporting, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
 
+PAGE_FIRST = HostLayout("page_first")
 EXAMPLES = examples(
     "hicache explain --sglang-url http://127.0.0.1:30000 --master 127.0.0.1:9003 --tokens-file prompt.jsonl "
     "--allow-writes",
     "hicache explain --sglang-url http://127.0.0.1:30000 --master 127.0.0.1:9003 --tokens 1,2,3,4 "
     "--allow-writes --json",
 )
-
-AllowWritesOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-writes",
-        help="Send the request: it changes the server's cache (the prompt is inserted, and may be backed up to L3).",
-    ),
-]
 
 
 def _render(result) -> None:
@@ -71,14 +71,14 @@ def explain(
     master: MasterOption = None,
     allow_writes: AllowWritesOption = False,
     timeout: TimeoutOption = 30.0,
-    page_size: Annotated[int, typer.Option(hidden=True)] = 64,
-    sglang_version: Annotated[str | None, typer.Option(hidden=True)] = None,
-    model_name: Annotated[str | None, typer.Option(hidden=True)] = None,
-    extra_backend_tag: Annotated[str | None, typer.Option(hidden=True)] = None,
-    tp_size: Annotated[int, typer.Option(hidden=True)] = 1,
-    pp_size: Annotated[int, typer.Option(hidden=True)] = 1,
-    mla: Annotated[bool, typer.Option(hidden=True)] = False,
-    layout: Annotated[str, typer.Option(hidden=True)] = "page_first",
+    page_size: PageSizeOption = 64,
+    sglang_version: SglangVersionOption = None,
+    model_name: ModelNameOption = None,
+    extra_backend_tag: ExtraBackendTagOption = None,
+    tp_size: TpSizeOption = 1,
+    pp_size: PpSizeOption = 1,
+    mla: MlaOption = False,
+    layout: LayoutOption = PAGE_FIRST,
     json_output: JsonOption = False,
     sglang_server=None,
 ) -> None:
@@ -106,7 +106,7 @@ def explain(
                 "sending the prompt changes the server's cache; pass --allow-writes if you mean it.",
                 hint="For a read-only look use hicache inspect keys --sglang-url URL --master HOST:PORT.",
             )
-        version = validate_version(sglang_version or default_version())
+        version = validate_version(value_of(sglang_version) or default_version())
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
         deployment = Deployment(
             version=version,
@@ -115,7 +115,7 @@ def explain(
             tp_size=tp_size,
             pp_size=pp_size,
             mla=mla,
-            layout=layout,
+            layout=str(layout),  # a StrEnum: its value
             page_size=page_size,
         )
         with AdminClient(master, timeout=min(timeout, 10.0)) as admin:
