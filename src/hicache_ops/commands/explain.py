@@ -104,7 +104,7 @@ def summarise(report: KeyReport, diff: LiveDiff, split: TierSplit) -> tuple[str,
     if cached < diff.contiguous_pages:
         return (
             text + f": L3 held {diff.contiguous_pages} leading pages before the request, the server loaded "
-            f"{cached} (prefetch cut short or below its threshold).",
+            f"{cached} (prefetch cut short or below its threshold: hicache playbook run short-storage-hit).",
             missing_page,
         )
     return text + ".", missing_page
