@@ -29,6 +29,7 @@ RESULT_MODELS = {
     "hicache bench multiturn": "hicache_ops.commands.bench.multiturn:MultiturnReport",
     "hicache bench keys": "hicache_ops.commands.bench.key_throughput:KeyBenchResult",
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
+    "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",

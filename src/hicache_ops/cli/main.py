@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from hicache_ops.cli import bench, inspect, lab, playbook, prefetch, serve, trace, upgrade, warm
+from hicache_ops.cli import explain as explain_command
 from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli import watch as watch_command
@@ -151,6 +152,7 @@ app.add_typer(te_command.app, name="te")
 app.add_typer(lab.app, name="lab")
 app.command("watch", cls=HicacheCommand, epilog=watch_command.EXAMPLES)(watch_command.watch)
 app.add_typer(upgrade.app, name="upgrade")
+app.command("explain", cls=HicacheCommand, epilog=explain_command.EXAMPLES)(explain_command.explain)
 
 
 def run() -> None:

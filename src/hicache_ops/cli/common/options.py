@@ -531,3 +531,11 @@ def check_plot_path(plot: str | None) -> None:
 
 
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.", rich_help_panel=OUTPUT)]
+AllowWritesOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-writes",
+        help="Let the command change the server: trace read/write --serve runs the real path (prefill, backup, "
+        "L3 writes, --flush), explain sends its request; without it trace only observes and explain refuses.",
+    ),
+]

@@ -11,6 +11,7 @@ import typer
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
     INPUT,
+    AllowWritesOption,
     CacheSaltOption,
     DcpSizeOption,
     DeviceTokensOption,
@@ -58,14 +59,6 @@ InjectOption = Annotated[
     ),
 ]
 StepOption = Annotated[bool, typer.Option("--step", help="Wait for Enter between steps (an interactive walk).")]
-AllowWritesOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-writes",
-        help="With --serve: run the real path, which changes the serve (prefill, backup, L3 writes, --flush); "
-        "without it the path is only observed.",
-    ),
-]
 
 WRITE_EXAMPLES = examples(
     "hicache trace write --tokens-file prompt.jsonl",
