@@ -1,5 +1,6 @@
 """Human output at COLUMNS=100: the verdict first, no line wider than the terminal, no command or
-diagnosis cut short ('…'), and long listings cut to a screenful with a pointer to --all.
+diagnosis cut short ('…'), and long listings cut to a screenful with a pointer to --all. Every
+--help at 80 and 100 columns: no option name cut, no line wider than the terminal.
 
 Each command runs as a real process (Rich reads COLUMNS when the console starts) against a real
 serve where it needs one."""
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
 import pytest
+import typer
 
+from cli_runner import hicache, leaf_commands
+from hicache_ops.cli.main import app
 from hicache_ops.commands.playbook import list_playbooks, load_playbook
 from serve_process import HICACHE
 
@@ -134,3 +139,36 @@ def test_playbook_show_wraps_and_never_cuts(name):
     for check in load_playbook(name).checks:
         for text in (check.run, check.diagnosis, check.fix):
             assert " ".join(text.split()) in shown, text
+
+
+HELP_PATHS = sorted(leaf_commands()) + ["", "inspect", "bench", "trace", "playbook", "te", "lab"]
+
+
+def option_names(path: str) -> list[str]:
+    """Every option name (and alias, and --no- form) a command's --help lists, from Click's own params."""
+    command = typer.main.get_command(app)
+    for word in path.split():
+        command = command.commands[word]
+    return [
+        name
+        for param in command.get_params(command.make_context(path or "hicache", ["--help"], resilient_parsing=True))
+        if param.param_type_name == "option" and not param.hidden
+        for name in (*param.opts, *param.secondary_opts)
+    ]
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+@pytest.mark.parametrize("path", HELP_PATHS)
+def test_help_never_cuts_an_option_name_and_wraps_its_prose(path, columns):
+    # In-process: CliRunner sets COLUMNS in the environment Rich's console reads when help renders.
+    result = hicache([*path.split(), "--help"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for line in text.splitlines():
+        assert len(line) <= columns, f"{len(line)} columns: {line!r}"
+    assert not re.search(r"-[\w-]*…", text), [line for line in text.splitlines() if "…" in line]
+    assert "…" not in text, [line for line in text.splitlines() if "…" in line]
+    names = option_names(path)
+    assert "--help" in names, names
+    for name in names:
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"{name} not whole at {columns}:\n{text}"

@@ -238,6 +238,18 @@ def test_keys_continue_a_known_prefix(version):
     assert cache.keys_for(tokens, "tenant", None, known=head) == whole
 
 
+def test_the_cache_remembers_the_namespaces_its_requests_used_first_seen_first_and_bounded():
+    cache = make()
+    cache.prefill(prompt(4, 32))
+    cache.prefill(prompt(4, 32), extra_key="tenant-a")
+    cache.prefill(prompt(5, 32), cache_salt="")  # "" is no salt: the root namespace
+    cache.prefill(prompt(5, 32), cache_salt="s1")
+    assert list(cache.namespaces) == [("tenant-a", None), (None, "s1")]
+    for i in range(40):
+        cache.keys_for(prompt(6, 16), f"k{i}", None)
+    assert len(cache.namespaces) == 32 and list(cache.namespaces)[:2] == [("tenant-a", None), (None, "s1")]
+
+
 # -- the concurrency model (engine/scheduler.py) ----------------------------------------------
 
 

@@ -383,3 +383,25 @@ def test_a_dead_master_is_the_first_finding_even_with_the_prompt_in_l1(tmp_path)
         assert after == first and [c["status"] for c in after[1]["checks"]] == ["finding"]
     finally:
         serve.stop()
+
+
+def _object_count(master_metrics: str) -> int:
+    result = hicache(["inspect", "store", "--master", master_metrics, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["key_count"]
+
+
+def test_a_namespace_the_serve_used_is_named_before_routing_is_blamed(reader_factory, tmp_path):
+    """Pages written under extra_key "tenant-a" and read without it: without any --try-extra-key the
+    serve's own namespaces are tried, so the first finding is the namespace, twice, the store unchanged."""
+    reader = reader_factory("--prefetch-threshold", "32")
+    p = prompt(tmp_path, 160, written_by=reader, extra_key="tenant-a")
+    stats = ServeClient(reader.url).stats()
+    assert {"extra_key": "tenant-a", "cache_salt": None} in stats["namespaces"], stats["namespaces"]
+    before = _object_count(reader.info["master_metrics_address"])
+    assert before > 0
+    for _ in range(2):
+        code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
+        assert code == 1 and finding(data) == "5. Namespace or salt mismatch", data
+        assert "tenant-a" in json.dumps(data["finding"]["evidence"]), data["finding"]
+        assert _object_count(reader.info["master_metrics_address"]) == before

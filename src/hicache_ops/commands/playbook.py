@@ -259,7 +259,8 @@ def serve_variables(serve_url: str, timeout_s: float = 3.0) -> dict[str, str]:
     from hicache_ops.server.client import ServeClient
 
     with ServeClient.open(serve_url, timeout_s=timeout_s) as client:
-        config = client.stats()["config"]
+        stats = client.stats()
+    config = stats["config"]
     scheme = [
         "--page-size",
         str(config["page_size"]),
@@ -282,6 +283,12 @@ def serve_variables(serve_url: str, timeout_s: float = 3.0) -> dict[str, str]:
         "serve_page_size": str(config["page_size"]),
         "serve_write_policy": config["write_policy"],
     }
+    # The namespaces its requests used: a prompt missed without one is tried under each (check
+    # "Namespace or salt mismatch") before "Never written" blames routing.
+    seen = stats.get("namespaces") or []
+    tries = [arg for ns in seen if ns.get("extra_key") is not None for arg in ("--try-extra-key", ns["extra_key"])]
+    tries += [arg for ns in seen if ns.get("cache_salt") for arg in ("--try-cache-salt", ns["cache_salt"])]
+    out["opt_serve_namespaces"] = shlex.join(tries)
     if config.get("master_metrics_address"):
         out["master"] = config["master_metrics_address"]
     if config.get("master_rpc_address"):
@@ -430,6 +437,12 @@ def run_playbook(
     return run
 
 
+def _flag_pairs(arguments: str) -> list[tuple[str, str]]:
+    """("--try-extra-key", "tenant-a") pairs of a ready-made argument list."""
+    words = shlex.split(arguments)
+    return list(zip(words[::2], words[1::2], strict=True))
+
+
 def variables_from(
     serve: str | None,
     master: str | None,
@@ -476,4 +489,7 @@ def variables_from(
     if serve:
         values["serve"] = serve
         values.update({k: v for k, v in serve_variables(serve, timeout_s).items() if not (k == "master" and master)})
+        # The serve's own namespaces join those given (--try-extra-key / --try-cache-salt), once each.
+        pairs = _flag_pairs(values["opt_try_namespaces"]) + _flag_pairs(values.pop("opt_serve_namespaces"))
+        values["opt_try_namespaces"] = shlex.join([arg for pair in dict.fromkeys(pairs) for arg in pair])
     return values

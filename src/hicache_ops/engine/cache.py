@@ -35,6 +35,9 @@ from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array, page_keys
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23
 
+# How many distinct request namespaces a cache remembers (a bound: extra_key comes from clients).
+NAMESPACES_KEPT = 32
+
 
 class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
     """The request path, load-back and the finish insert live here; the other concerns beside it:
@@ -68,6 +71,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # Storage keys of pages already counted as mismatched when they arrived from L3: their
         # load-back finds the same bytes and must not count them again.
         self._counted_mismatches: set[str] = set()
+        # The (extra_key, cache_salt) namespaces requests have keyed pages under, first seen first
+        # (at most NAMESPACES_KEPT): a prompt missed without its namespace can be tried under them.
+        self.namespaces: dict[tuple[str | None, str | None], None] = {}
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -89,6 +95,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
         The tree always separates namespaces; 0.5.14's L3 keys ignore them (docs/keys.md#namespace-seed).
         """
+        if (extra_key is not None or cache_salt) and len(self.namespaces) < NAMESPACES_KEPT:
+            self.namespaces[(extra_key, cache_salt or None)] = None
         ps, version = self.config.page_size, self.config.sglang_version
         tree_known, storage_known = known if known is not None else ([], [])
         rest = tokens[len(tree_known) * ps :]

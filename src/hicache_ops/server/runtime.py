@@ -279,6 +279,7 @@ class Runtime:
                 "occupancy": cache.occupancy(),
                 "stats": asdict(cache.stats),
                 "l3": self.l3_state,
+                "namespaces": [{"extra_key": e, "cache_salt": c} for e, c in cache.namespaces],
             }
 
     def layout_report(self) -> dict:

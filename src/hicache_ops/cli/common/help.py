@@ -8,8 +8,13 @@ values as a word (an explicit metavar wins), and arguments as plain `NAME` / `[N
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
+from rich.table import Table
+from rich.text import Text
+from typer import rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 # Shown for a value whose option declares no metavar of its own.
@@ -104,7 +109,44 @@ def _label_values(params: list) -> list:
     return params
 
 
+class _HelpTable(Table):
+    """Typer's options and commands table, whose squeeze the help column alone takes: every other
+    column (option names, aliases, metavar) keeps its full width and never wraps or cuts, and a help
+    word wider than its column folds onto the next line instead of ending in '…'. Rich otherwise
+    shrinks every column evenly, so at 80 columns `--hicache-storage-prefetch-policy` read
+    `--hicache-storage-prefetch-p…`."""
+
+    def _calculate_column_widths(self, console, options):  # type: ignore[no-untyped-def]
+        *names, last = self.columns
+        for column in names:
+            column.no_wrap = True
+        last.overflow = "fold"
+        for cell in last._cells:
+            # An option's help is a Columns of Texts (help, default), laid out by a grid whose
+            # columns cut by default: the Texts fold themselves.
+            for item in getattr(cell, "renderables", [cell]):
+                if isinstance(item, Text) and item.overflow is None:
+                    item.overflow = "fold"
+        return super()._calculate_column_widths(console, options)
+
+
+@contextmanager
+def _help_tables() -> Iterator[None]:
+    # Typer builds its tables from the `Table` name of its rich_utils module; only while our help
+    # renders is that name this class.
+    original = rich_utils.Table
+    rich_utils.Table = _HelpTable  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        rich_utils.Table = original  # type: ignore[misc]
+
+
 class HicacheCommand(TyperCommand):
+    def format_help(self, ctx: typer.Context, formatter) -> None:  # type: ignore[no-untyped-def]
+        with _help_tables():
+            super().format_help(ctx, formatter)
+
     def get_params(self, ctx: typer.Context) -> list:
         return _label_values(super().get_params(ctx))
 
@@ -118,5 +160,9 @@ class HicacheCommand(TyperCommand):
 
 
 class HicacheGroup(TyperGroup):
+    def format_help(self, ctx: typer.Context, formatter) -> None:  # type: ignore[no-untyped-def]
+        with _help_tables():
+            super().format_help(ctx, formatter)
+
     def get_params(self, ctx: typer.Context) -> list:
         return _label_values(super().get_params(ctx))
