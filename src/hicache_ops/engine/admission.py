@@ -4,7 +4,8 @@ It arrives: it joins the waiting queue and its prefetch is considered, as SGLang
 queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit). While
 it waits, 0.5.23 re-issues a parked prefetch, or one whose local match shrank. It is admitted when
 the device can hold it next to what running requests hold and still write (its prefetch lands and
-its prompt is prefilled), and its finish inserts prompt and output.
+its prompt is prefilled) and the pass's batch-size and input caps allow it
+(docs/controller.md#admission-budget), and its finish inserts prompt and output.
 """
 
 from __future__ import annotations
@@ -112,7 +113,25 @@ class Admission:
         return True
 
     def _output_pages(self, arrival: Arrival) -> int:
-        return -(-int(arrival.output.size) // self.config.page_size) + 1
+        # SGLang reserves min(max_new_tokens, 4096) decode tokens plus a page
+        # (docs/controller.md#admission-budget); a request's max_new_tokens is its output here.
+        return -(-pol.reserved_new_tokens(int(arrival.output.size)) // self.config.page_size) + 1
+
+    def extend_tokens(self, arrival: Arrival) -> int:
+        """Prompt tokens the request's prefill computes if admitted now: past its device and host
+        match and the pages its prefetch read (docs/controller.md#admission-budget)."""
+        ps = self.config.page_size
+        cap = pol.match_cap_pages(int(arrival.prompt.size), ps)
+        _, matched, _ = self.tree.local_match(arrival.keys[0][:cap])
+        hold = arrival.prefetch
+        if hold is not None:
+            read = 0
+            for ok in hold.outcome.ok:
+                if not ok:
+                    break
+                read += 1
+            matched = max(matched, min(cap, hold.pos + read))
+        return int(arrival.prompt.size) - matched * ps
 
     def admission_pages(self, arrival: Arrival) -> int:
         """Device pages the request takes out of the free and evictable ones when admitted: its

@@ -26,6 +26,11 @@ class CacheConfig:
     admission_s: float = 0.05
     enable_l2: bool = True
     eviction_policy: str = pol.DEFAULT_EVICTION_POLICY
+    # The concurrency model's admission caps (docs/controller.md#admission-budget): requests in
+    # the running batch (SGLang's --max-running-requests) and prefill tokens per scheduler pass
+    # (--max-prefill-tokens, chunked prefill off). None: no cap.
+    max_running_requests: int | None = None
+    max_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -34,6 +39,10 @@ class CacheConfig:
             raise InputError(f"the device pool needs at least one page, got {self.device_pages}.")
         if self.enable_l2 and self.host_pages <= 0:
             raise InputError(f"the host pool needs at least one page, got {self.host_pages}.")
+        for name in ("max_running_requests", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InputError(f"{name.replace('_', ' ')} {value} must be > 0.")
         pol.check_write_policy(self.write_policy)
         pol.check_stop_policy(self.stop_policy)
         validate_version(self.sglang_version)

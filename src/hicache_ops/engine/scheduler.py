@@ -5,7 +5,8 @@ when it queues a request: threshold, in-flight limit, storage query and host all
 version (docs/controller.md#in-flight-limit, #prefetch-host-allocation). Then scheduler passes run:
 each pass finishes the requests whose decode is over, re-issues 0.5.23's parked prefetches that
 are due, and admits waiting requests in queue order while the device can hold them next to the
-KV the running requests hold (0.5.23 first re-issues the prefetch of a request whose match shrank
+KV the running requests hold and the pass's batch-size and prefill-token caps allow
+(docs/controller.md#admission-budget) (0.5.23 first re-issues the prefetch of a request whose match shrank
 while it waited, and admits it on a later pass). An admitted request's prefetch lands (its requested tokens leave
 the in-flight count), its host part loads back, the rest is computed, and it runs for one pass
 per output token before its finish inserts prompt and output.
@@ -73,14 +74,23 @@ def run_wave(
                     stats.retried += 1
                     if cache.retry_prefetch(arrival, pass_no):
                         stats.retried_issued += 1
-        admitted = []
+        admitted: list[Arrival] = []
         requeried = 0
+        running_before = len(running)
+        rem_input = cache.config.max_prefill_tokens
         for arrival in waiting:
+            if pol.batch_is_full(cache.config.max_running_requests, running_before, len(admitted)):
+                break  # before its prefetch is asked whether it may stop: it does not land
             if retries and cache.requery_after_match_loss(arrival, pass_no):
                 requeried += 1
                 continue
+            extend = cache.extend_tokens(arrival)
+            if pol.input_budget_refuses(extend, cache.config.page_size, rem_input, len(admitted)):
+                break  # this pass's prefill tokens are spent
             if not cache.can_admit(arrival):
                 break  # SGLang stops adding to the batch when the device has no room
+            if rem_input is not None:
+                rem_input -= pol.paged_tokens(extend, cache.config.page_size)
             cache.admit(arrival)
             admitted.append(arrival)
             running.append((pass_no + arrival.decode_passes, arrival))

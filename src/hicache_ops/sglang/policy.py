@@ -296,3 +296,37 @@ def unmodelled_host_mode(host_memory_mode: str | None, version: str) -> str | No
             "L2 answers do not apply (docs/controller.md#not-modelled)."
         )
     return f"host memory mode {host_memory_mode!r} is not one SGLang {version} has."
+
+
+# -- admission budget: docs/controller.md#admission-budget -----------------------------------------
+
+# SGLang's estimate of a request's decode (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION, both versions).
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+def reserved_new_tokens(max_new_tokens: int) -> int:
+    """Decode tokens SGLang reserves for a request at admission: its max_new_tokens, clipped."""
+    return min(max(max_new_tokens, 0), CLIP_MAX_NEW_TOKENS)
+
+
+def batch_is_full(max_running_requests: int | None, running: int, admitted_this_pass: int) -> bool:
+    """The scheduler stops adding to this pass (before asking the request's prefetch whether it
+    may stop) once the pass's new requests fill what the running batch leaves; None: no cap."""
+    if max_running_requests is None:
+        return False
+    return admitted_this_pass >= max_running_requests - running
+
+
+def input_budget_refuses(
+    extend_tokens: int, page_size: int, rem_input_tokens: int | None, admitted_this_pass: int
+) -> bool:
+    """Without chunked prefill a pass's prefill is capped by `rem_input_tokens` (what is left of
+    max_prefill_tokens); its first request is taken even above it. None: no cap."""
+    if rem_input_tokens is None or admitted_this_pass == 0:
+        return False
+    return paged_tokens(extend_tokens, page_size) >= rem_input_tokens
+
+
+def paged_tokens(tokens: int, page_size: int) -> int:
+    """Tokens rounded up to whole pages, as a pass's input budget is charged."""
+    return -(-tokens // page_size) * page_size
