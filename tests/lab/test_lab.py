@@ -128,7 +128,7 @@ def test_reader_host_gets_storage_hits_for_what_the_writer_host_wrote(lab):
     # an existing playbook, with the serve and the master on different hosts
     _, prompt = _prompt(lab, "shared", 10_000)
     run = hicache(["playbook", "run", "no-l3-hit", "--serve", h2, "--prompt", prompt, "--json"])
-    assert _json(run)["finding"]["check"] == "1. Served from L1/L2 first", run.stdout
+    assert _json(run)["finding"]["check"] == "2. Served from L1/L2 first", run.stdout
 
 
 def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
