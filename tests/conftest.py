@@ -168,3 +168,16 @@ def silent_server():
         yield f"127.0.0.1:{sock.getsockname()[1]}"
     finally:
         sock.close()
+
+
+@pytest.fixture(autouse=True)
+def environment_restored_after_each_test():
+    """Some code under test writes os.environ on purpose: SGLang's ServerArgs sets MC_FORCE_TCP=1 for
+    the `mooncake_tcp` transfer backend. Under xdist a module runs after whatever ran before it in the
+    same worker, so a value left behind changed what later tests' commands saw (te check reading
+    MC_FORCE_TCP=1 as reused). Each test gets back the environment it started with."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
