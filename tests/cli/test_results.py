@@ -24,6 +24,8 @@ KEYS_FIELDS = [
     "pages",
     "notes",
     "pools",
+    # which release's rules were applied, and why (docs/releases.md), added to every command's JSON
+    "sglang_rules",
 ]
 
 

@@ -385,7 +385,7 @@ def test_every_shape_as_sglang_0_5_14_writes_it(mooncake_master):
         code, data = inspect_keys(mooncake_master, "0.5.23", SHAPES[5], case["tokens"])
         assert code == 1
         (entry,) = [d for d in data["diagnosis"] if d["kind"] == "other_version"]
-        assert entry["sglang_version"] == "0.5.14" and entry["contiguous_pages"] == PAGES
+        assert entry["sglang_releases"] == "0.5.14 to 0.5.16" and entry["contiguous_pages"] == PAGES
 
 
 # --- the key builder on drawn deployments (hypothesis), both versions --------------------------

@@ -210,7 +210,7 @@ def test_cli_human_view_leads_with_verdicts(served_new):
         (["--sglang-url", "http://127.0.0.1:9"], 3, "nothing answers at http://127.0.0.1:9"),
         (["--sglang-url", "127.0.0.1:9"], 2, "must start with http://"),
         (["--sglang-url", "http://127.0.0.1:9", "--interval", "0"], 2, "--interval 0 must be positive"),
-        (["--sglang-url", "http://127.0.0.1:9", "--sglang-version", "0.4.0"], 2, "not supported"),
+        (["--sglang-url", "http://127.0.0.1:9", "--sglang-version", "0.4.0"], 2, "older than 0.5.14"),
     ],
 )
 def test_cli_bad_input_and_unreachable(args, code, fragment):

@@ -30,7 +30,7 @@ from hicache_ops.commands.inspect.key_listing import Deployment
 from hicache_ops.commands.inspect.live_lookup import Lookup
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import hit_policy
-from hicache_ops.sglang.page_keys import dcp_topology
+from hicache_ops.sglang.page_keys import dcp_topology, model_in_prefix
 from hicache_ops.sglang.versions import V0_5_14, family
 
 _leading = hit_policy.leading
@@ -181,13 +181,19 @@ def other_prefix(lookup: Lookup, _: list[dict]) -> list[dict]:
     # A prefix that is exactly how the other SGLang version names these pages is a version mismatch
     # (reported by other_version_or_namespace), not a model-name or tag mismatch.
     same_keys_other_version = [
-        dep for kind, _, dep, keys_alt, _ in lookup.alternates() if kind == "other_version" and keys_alt == page_keys
+        dep
+        for kind, _, dep, keys_alt, _ in lookup.alternates()
+        if kind == "other_version" and keys_alt == page_keys and dep.schemes()[0].prefix != expected
     ]
     for dep in same_keys_other_version:
         by_prefix.pop(dep.schemes()[0].prefix, None)
-    # A 0.5.14 reader prefixes with the tag only: when 0.5.23 computes the same page keys, another
-    # prefix is a 0.5.23 writer's model prefix, which is a version mismatch first.
-    newer = [dep.version for dep in same_keys_other_version if family(lookup.deployment.version) == V0_5_14]
+    # A reader before 0.5.17 prefixes with the tag only: when a release that adds the model name
+    # computes the same page keys, another prefix is that writer's model prefix, a version mismatch
+    # first. The newest such release is named (with the model name left out, it names alike).
+    newer: list[str] = []
+    if not model_in_prefix(lookup.deployment.version):
+        keyed = [dep.version for dep in same_keys_other_version if model_in_prefix(dep.version)]
+        newer = (keyed or [v for v in lookup.same_naming_releases if model_in_prefix(v)])[-1:]
     runs = {p: _leading([kv_set <= index.get(k, {}).get(p, set()) for k in page_keys]) for p in by_prefix}
     out = []
     for prefix in sorted(by_prefix, key=lambda p: (-runs[p], -by_prefix[p], p)):
@@ -303,12 +309,13 @@ def other_version_or_namespace(lookup: Lookup, _: list[dict]) -> list[dict]:
         entry = {"kind": kind, "pages": have, "contiguous_pages": run, "prefix": alt_schemes[0].prefix}
         if kind == "other_version":
             entry["sglang_version"] = label
+            entry["sglang_releases"] = detail.removeprefix("SGLang ")
             entry["message"] = (
-                f"{have} page(s) exist as SGLang {label} names them (prefix {alt_schemes[0].prefix or '(none)'!r}"
+                f"{have} page(s) exist as {detail} name them (prefix {alt_schemes[0].prefix or '(none)'!r}"
                 f"{', page keys without the namespace seed' if keys_alt != lookup.page_keys else ''}); contiguous "
                 f"{run}."
             )
-            entry["hint"] = f"The writer ran SGLang {label}: pass --sglang-version {label}."
+            entry["hint"] = f"The writer ran {detail}: pass --sglang-version {label}."
         else:
             entry["namespace"] = detail
             entry["message"] = f"{have} page(s) exist under the namespace {detail}; contiguous {run}."

@@ -99,6 +99,11 @@ class Lookup:
         """(kind, label, deployment, page keys, detail) of the other version and namespaces."""
         if self._alternates is None:
             dep, out = self.deployment, []
+            self.same_naming_releases: list[str] = []  # other releases that name these objects alike
+            # Releases that name this prompt's objects alike form one alternate, labelled by the
+            # newest of them (0.5.17..0.5.19 write what 0.5.17 writes); the reader's own naming is none.
+            own = (dep.schemes()[0].prefix, tuple(self.page_keys))
+            groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, Deployment]]] = {}
             for other in SUPPORTED_VERSIONS:
                 if other == dep.version:
                     continue
@@ -109,7 +114,15 @@ class Lookup:
                     )
                 except InputError:
                     continue
-                out.append(("other_version", other, alt, [p.page_key for p in keys.pages], f"SGLang {other}"))
+                naming = (alt.schemes()[0].prefix, tuple(p.page_key for p in keys.pages))
+                if naming != own:
+                    groups.setdefault(naming, []).append((other, alt))
+                else:
+                    self.same_naming_releases.append(other)
+            for (_, keys_alt), releases in groups.items():
+                names = [v for v, _ in releases]
+                span = names[0] if len(names) == 1 else f"{names[0]} to {names[-1]}"
+                out.append(("other_version", names[-1], releases[-1][1], list(keys_alt), f"SGLang {span}"))
             for pair in _namespaces(
                 dep.version, self.extra_key, self.cache_salt, self.try_extra_keys, self.try_cache_salts
             ):
