@@ -20,13 +20,22 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
 
 from hicache_ops.errors import HicacheError
 
 EXIT_CODE = 130  # what shells report for a command ended by SIGINT
 
+
+@dataclass
+class _State:
+    cancellable: int = 0  # how deep the main thread is in `cancellable()` blocks
+    signal: str | None = None  # why the stop was requested (a signal name or the caller's reason)
+
+
 _stop = threading.Event()
-_state = {"cancellable": 0, "signal": None}
+_state = _State()
 
 
 class Interrupted(HicacheError):
@@ -42,12 +51,12 @@ def requested() -> bool:
 
 def request(reason: str = "a stop was requested") -> None:
     """Ask every loop to stop (what the signal handler does; also for callers without signals)."""
-    _state["signal"] = _state["signal"] or reason
+    _state.signal = _state.signal or reason
     _stop.set()
 
 
 def reason() -> str:
-    return _state["signal"] or "not stopped"
+    return _state.signal or "not stopped"
 
 
 def wait(seconds: float) -> bool:
@@ -67,20 +76,20 @@ def cancellable() -> Iterator[None]:
     check("the command")
     main = threading.current_thread() is threading.main_thread()
     if main:
-        _state["cancellable"] += 1
+        _state.cancellable += 1
     try:
         yield
     finally:
         if main:
-            _state["cancellable"] -= 1
+            _state.cancellable -= 1
 
 
-def _on_signal(signum, frame) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     if _stop.is_set():
         raise KeyboardInterrupt(f"second {name}")
     request(name)
-    if _state["cancellable"]:
+    if _state.cancellable:
         raise Interrupted(f"the command stopped on {name}.", hint="Rerun to resume: finished work is skipped.")
 
 
@@ -97,4 +106,5 @@ def stop_on_signals() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _stop.clear()
-        _state.update(cancellable=0, signal=None)
+        _state.cancellable = 0
+        _state.signal = None

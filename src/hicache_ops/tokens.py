@@ -189,6 +189,7 @@ def load_prompt(
         if tokenizer is None:
             raise InputError("--text needs --tokenizer DIR, a local Hugging Face tokenizer folder.")
         return Prompt(Tokenizer(tokenizer).encode(text), source="--text")
+    assert tokens_file is not None  # exactly one of the three was given, and it was neither of the others
     prompts = read_prompts(tokens_file, Tokenizer(tokenizer) if tokenizer else None)
     if line is None:
         if len(prompts) > 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import numpy.typing as npt
 
 from hicache_ops.sglang.geometry import ModelGeometry
 
@@ -21,7 +22,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _UINT_BY_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64's finaliser: a bijective scramble of 64-bit words."""
     x = x ^ (x >> np.uint64(30))
     x = x * _M1

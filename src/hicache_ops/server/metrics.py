@@ -75,9 +75,9 @@ class _Snapshot:
             probes.add_metric([], l3["failed_probes"])
             yield probes
         for field, (name, help_) in _GAUGES.items():
-            family = GaugeMetricFamily(name, help_)
-            family.add_metric([], self._stats["occupancy"][field])
-            yield family
+            gauge = GaugeMetricFamily(name, help_)
+            gauge.add_metric([], self._stats["occupancy"][field])
+            yield gauge
 
 
 class _SglangSnapshot:
