@@ -164,7 +164,7 @@ def device_page_checksums(
     starts = firsts.tolist() if runs else None
 
     def get(c: int, s: int, e: int) -> torch.Tensor:
-        if runs and e - s == 1:
+        if starts is not None and e - s == 1:
             return comps[c][:, starts[s] : starts[s] + page_size].unsqueeze(0)
         rows = comps[c].index_select(1, tokens[s * page_size : e * page_size])
         return rows.unflatten(1, (e - s, page_size)).transpose(0, 1)
@@ -203,7 +203,7 @@ def host_page_checksums(
     p_idx, s_idx = tokens // page_size, tokens % page_size
 
     def get(c: int, s: int, e: int) -> torch.Tensor:
-        if aligned:
+        if page_list is not None:  # the pages are whole and aligned
             if e - s == 1:
                 return canon[c][:, page_list[s]].unsqueeze(0)
             return canon[c].index_select(1, page_ids[s:e]).transpose(0, 1)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -192,7 +193,11 @@ def find_runs(device_tokens: torch.Tensor, host_tokens: torch.Tensor) -> list[tu
     return list(zip(d[starts].tolist(), h[starts].tolist(), (ends - starts).tolist(), strict=True))
 
 
-def _pieces(run: tuple[int, int, int], page_size: int, paged: bool, max_pages: int = 1 << 62):
+# A piece of a run: ("tok", d0, h0, n), ("pages", d0, page0, n_pages) or ("slot", d0, page, slot0, n).
+_Piece = tuple[Literal["tok", "pages"], int, int, int] | tuple[Literal["slot"], int, int, int, int]
+
+
+def _pieces(run: tuple[int, int, int], page_size: int, paged: bool, max_pages: int = 1 << 62) -> Iterator[_Piece]:
     """Cut one run into pieces a single strided copy can move (at most `max_pages` pages' worth).
 
     Yields ("tok", d0, h0, n) for layouts whose pages follow each other in memory, and for the others
@@ -240,7 +245,9 @@ def _staged_copy(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, stage.transpose(sorted(range(src.ndim), key=lambda i: order[i])), casting="no")
 
 
-def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=None) -> None:
+def copy_runs(
+    plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs: list[tuple[int, int, int]] | None = None
+) -> None:
     """Move the plan's tokens run by run (see module docstring); falls back to one gather/scatter pass
     when the runs are so short that per-run overhead would cost more than that pass.
 
@@ -268,46 +275,79 @@ def copy_runs(plan: TransferPlan, *, to_host: bool, copier: str = "torch", runs=
             hosts = [t.flatten(-2) for t in hosts]
             toks = [None if t is None else t.flatten(-2) for t in toks]
             row *= geom.heads_per_rank
-        devs = [_numpy_rows(d, row) for d in devs]
-        hosts = [_numpy_rows(c, row) for c in hosts]
-        toks = [None if tv is None else _numpy_rows(tv, row) for tv in toks]
+        np_devs = [_numpy_rows(d, row) for d in devs]
+        np_hosts = [_numpy_rows(c, row) for c in hosts]
+        np_toks = [None if tv is None else _numpy_rows(tv, row) for tv in toks]
 
-        def split(a, n):  # (L, n*ps, H) -> (L, n, ps, H), a view
+        def np_split(a: np.ndarray, n: int) -> np.ndarray:  # (L, n*ps, H) -> (L, n, ps, H), a view
             return a.reshape(a.shape[0], n, ps, *a.shape[2:])
 
+        np_move: Callable[[np.ndarray, np.ndarray], None]
         if copier == "staged":
-            move = _staged_copy
+            np_move = _staged_copy
             max_pages = max(1, STAGE_BYTES // (geom.component_bytes or 1))
         else:
 
-            def move(dst, src):
+            def np_move(dst: np.ndarray, src: np.ndarray) -> None:
                 np.copyto(dst, src, casting="no")
-    else:
-        devs, hosts, toks = plan.device, plan.host, token_views
 
-        def split(a, n):
-            return a.unflatten(1, (n, ps))
+        pools_np = _Pools(np_devs, np_hosts, np_toks, np_split, np_move)
+        _move_pieces(pools_np, runs, ps, paged, max_pages, geom.n_kv, to_host=to_host)
+        return
 
-        def move(dst, src):
-            dst.copy_(src, non_blocking=True)
+    def split(a: torch.Tensor, n: int) -> torch.Tensor:
+        return a.unflatten(1, (n, ps))
 
+    def move(dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    pools = _Pools(plan.device, plan.host, token_views, split, move)
+    _move_pieces(pools, runs, ps, paged, max_pages, geom.n_kv, to_host=to_host)
+
+
+# The run-based path's arrays: torch tensors, or numpy arrays of opaque rows over the same memory.
+_Rows = TypeVar("_Rows", np.ndarray, torch.Tensor)
+
+
+@dataclass
+class _Pools(Generic[_Rows]):
+    """Per-component views of both pools, and how to cut and copy them, for one kind of array."""
+
+    device: list[_Rows]  # (L, tokens, ...)
+    host: list[_Rows]  # canonical (L, page_num, page_size, ...)
+    host_tokens: list[_Rows | None]  # (L, size, ...) where host pages follow each other in memory
+    split: Callable[[_Rows, int], _Rows]  # (L, n*ps, ...) -> (L, n, ps, ...), a view
+    move: Callable[[_Rows, _Rows], None]  # dst <- src
+
+
+def _move_pieces(
+    pools: _Pools[_Rows],
+    runs: list[tuple[int, int, int]],
+    ps: int,
+    paged: bool,
+    max_pages: int,
+    n_kv: int,
+    *,
+    to_host: bool,
+) -> None:
     for run in runs:
         for piece in _pieces(run, ps, paged, max_pages):
-            for c in range(geom.n_kv):
-                dev, host, tok = devs[c], hosts[c], toks[c]
+            for c in range(n_kv):
+                dev, host, tok = pools.device[c], pools.host[c], pools.host_tokens[c]
                 if piece[0] == "tok":
                     _, d0, h0, n = piece
+                    assert tok is not None  # "tok" pieces only come for pools with a token view
                     dv, hv = dev[:, d0 : d0 + n], tok[:, h0 : h0 + n]
                 elif piece[0] == "pages":
                     _, d0, p0, n = piece
-                    dv, hv = split(dev[:, d0 : d0 + n * ps], n), host[:, p0 : p0 + n]
+                    dv, hv = pools.split(dev[:, d0 : d0 + n * ps], n), host[:, p0 : p0 + n]
                 else:
                     _, d0, p, s0, n = piece
                     dv, hv = dev[:, d0 : d0 + n], host[:, p, s0 : s0 + n]
                 if to_host:
-                    move(hv, dv)
+                    pools.move(hv, dv)
                 else:
-                    move(dv, hv)
+                    pools.move(dv, hv)
 
 
 def copy_gather(plan: TransferPlan, *, to_host: bool) -> None:
