@@ -196,7 +196,8 @@ class EmbeddedMaster:
             if self._log_path is None:
                 self._temporary_log_dir = Path(tempfile.mkdtemp(prefix="hicache-mooncake-master-"))
                 self._log_path = self._temporary_log_dir / "mooncake_master.log"
-            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path = self._log_path
+            log_path.parent.mkdir(parents=True, exist_ok=True)
             binary = self._binary or find_master_binary()
             if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
                 raise InputError(
@@ -206,8 +207,8 @@ class EmbeddedMaster:
             last_error: Exception | None = None
             for _attempt in range(3):
                 try:
-                    self._spawn(binary)
-                    self._wait_ready(self.ready_timeout)
+                    proc = self._spawn(binary, log_path)
+                    self._wait_ready(proc, self.ready_timeout)
                     _running.add(self)
                     return self
                 except _EarlyExit as exc:  # most likely a port taken between probe and bind
@@ -223,7 +224,7 @@ class EmbeddedMaster:
                 hint=f"See its log: {self._log_path}",
             )
 
-    def _spawn(self, binary: str) -> None:
+    def _spawn(self, binary: str, log_path: Path) -> subprocess.Popen[bytes]:
         ordered: list[int] = []
         while len(ordered) < (3 if self.http_metadata else 2):
             port = free_port(self.host)
@@ -247,7 +248,7 @@ class EmbeddedMaster:
             ]
             env["MC_TCP_BIND_ADDRESS"] = LOOPBACK
         args += self.extra_args
-        with open(self._log_path, "ab") as log:
+        with open(log_path, "ab") as log:
             log.write(f"# hicache: {' '.join(args)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
@@ -259,15 +260,16 @@ class EmbeddedMaster:
                 close_fds=True,
                 preexec_fn=_make_child_setup(os.getpid()),
             )
+        return self._proc
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            code = self._proc.poll()
+            code = proc.poll()
             if code is not None:
                 raise _EarlyExit(f"exit code {code}")
             try:
-                status, body = _get_json(self.host, self.metrics_port, "/health", timeout=1.0)
+                status, body = _get_json(self.host, self._need(self.metrics_port), "/health", timeout=1.0)
                 if status == 200 and isinstance(body, dict) and body.get("service_ready", body.get("status") == "ok"):
                     # The admin server can answer before the RPC port listens (measured: up to
                     # ~7 ms earlier, more on a busy host), and a client connecting then is refused.
@@ -277,7 +279,7 @@ class EmbeddedMaster:
                 pass
             if time.monotonic() > deadline:
                 raise UnreachableError(
-                    f"mooncake_master (pid {self._proc.pid}) was not ready within {timeout:g} s.",
+                    f"mooncake_master (pid {proc.pid}) was not ready within {timeout:g} s.",
                     hint=f"See its log: {self._log_path}",
                 )
             time.sleep(0.05)
