@@ -47,7 +47,11 @@ class KeyBenchResult(Result):
     sglang_error: str | None = Field(description="why SGLang's side did not run, else `null`")
 
 
-def _sglang_get_hash_str():
+# SGLang's get_hash_str as called here: (token ids, prior hash, page_size=...) -> one key per page.
+_GetHashStr = Callable[..., list[str]]
+
+
+def _sglang_get_hash_str() -> tuple[_GetHashStr | None, str | None]:
     """SGLang 0.5.23's own function, or the reason it cannot run here."""
     try:
         from sglang.srt.mem_cache.utils import get_hash_str
@@ -73,7 +77,7 @@ def require_same_keys(ours: Sequence[str], theirs: Sequence[str]) -> None:
     )
 
 
-def _timed(fn) -> tuple[float, object]:
+def _timed(fn: Callable[[], Sequence[str]]) -> tuple[float, Sequence[str]]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
@@ -98,10 +102,11 @@ def bench_page_keys(
         except Exception as exc:
             get_hash_str, error = None, f"SGLang's native hash failed: {type(exc).__name__}: {exc}"
 
-    def ours():
+    def ours() -> list[str]:
         return page_keys(ids, page_size, V0_5_23)
 
-    def theirs():
+    def theirs() -> list[str]:
+        assert get_hash_str is not None  # timed only when SGLang's side runs
         return get_hash_str(ids_array, None, page_size=page_size)
 
     ours_seconds: list[float] = []
@@ -116,7 +121,7 @@ def bench_page_keys(
             sides.append((theirs, sglang_seconds))
         if run % 2:
             sides.reverse()
-        outputs = []
+        outputs: list[Sequence[str]] = []
         for fn, seconds in sides:
             elapsed, keys = _timed(fn)
             seconds.append(elapsed)

@@ -136,16 +136,16 @@ def expected_keys(
         )
     ]
     if deployment.mla and per_rank:
-        names = ", ".join(per_rank)
+        joined = ", ".join(per_rank)
         if family(version) == "0.5.14":
             report.notes.append(
-                f"MLA with side pools named per tp rank ({names}): SGLang 0.5.14 skips every backup on tp ranks "
+                f"MLA with side pools named per tp rank ({joined}): SGLang 0.5.14 skips every backup on tp ranks "
                 "other than 0, yet each rank looks up its own objects, so those ranks never find theirs and the "
                 "MIN over ranks loads nothing (docs/side-pools.md#side-pool-object-keys)."
             )
         else:
             report.notes.append(
-                f"MLA with side pools named per tp rank ({names}): every tp rank writes its own objects of these "
+                f"MLA with side pools named per tp rank ({joined}): every tp rank writes its own objects of these "
                 "pools, while only the KV writer writes the KV (docs/side-pools.md#side-pool-object-keys)."
             )
     return report

@@ -314,7 +314,10 @@ def served_pools(keys: list[str], layout: L3Layout, limit: int = 20) -> dict:
         if suffix.startswith("_") and _HEX64.fullmatch(page_key):
             pages[page_key].add(suffix)
     kv = set(flat_suffixes(layout.kv_suffixes))
-    entries = [("kv", flat_suffixes(layout.kv_suffixes), "all_pages", None)] if kv else []
+    # (pool, its suffixes, hit policy, trailing pages)
+    entries: list[tuple[str, list[str], str, int | None]] = (
+        [("kv", flat_suffixes(layout.kv_suffixes), "all_pages", None)] if kv else []
+    )
     entries += [(p.name, flat_suffixes(p.served or ()), p.hit_policy, p.trailing_pages) for p in layout.side_pools]
     out = []
     for name, suffixes, policy, trailing in entries:
@@ -405,7 +408,9 @@ def inspect_store(
                 "pool_source": FROM_LAYOUT if layout_note is None else None,
                 "l3_layout": None if layout is None else layout.to_json(),
                 "l3_layout_note": layout_note,
-                "server_pools": served_pools(keys, layout, limit) if layout_note is None else None,
+                "server_pools": served_pools(keys, layout, limit)
+                if layout is not None and layout_note is None
+                else None,
             }
         ),
     }
