@@ -57,10 +57,10 @@ class CaseResult:
             get_rounds=len(self.get_ours_s),
             put_ours_gbps=put_ours,
             put_raw_gbps=put_raw,
-            put_ratio=put_ours / put_raw if put_ours is not None else None,
+            put_ratio=put_ours / put_raw if put_ours is not None and put_raw is not None else None,
             get_ours_gbps=get_ours,
             get_raw_gbps=get_raw,
-            get_ratio=get_ours / get_raw if get_ours is not None else None,
+            get_ratio=get_ours / get_raw if get_ours is not None and get_raw is not None else None,
         )
 
 
@@ -132,10 +132,10 @@ def bench_store(
                         break
                     ours_keys = [f"{tag}put/ours/{r}/{i}" for i in range(count)]
                     raw_keys = [f"{tag}put/raw/{r}/{i}" for i in range(count)]
-                    sides = [("ours", ours_keys), ("raw", raw_keys)]
+                    put_sides = [("ours", ours_keys), ("raw", raw_keys)]
                     if r % 2:
-                        sides.reverse()
-                    for side, keys in sides:
+                        put_sides.reverse()
+                    for side, keys in put_sides:
                         t0 = time.perf_counter()
                         codes = (
                             client.batch_put_from(keys, ptrs, sizes)
@@ -162,8 +162,8 @@ def bench_store(
                     if interrupt.requested():
                         interrupted = True
                         break
-                    sides = ["ours", "raw"] if r % 2 == 0 else ["raw", "ours"]
-                    for side in sides:
+                    get_sides = ["ours", "raw"] if r % 2 == 0 else ["raw", "ours"]
+                    for side in get_sides:
                         dst[: count * size] = 0
                         t0 = time.perf_counter()
                         got = (

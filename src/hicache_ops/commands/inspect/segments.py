@@ -112,9 +112,10 @@ def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: flo
     located: dict[str, list[str]] = {}
     for key, answer in admin.batch_query_keys(sample).items():
         replicas = answer.get("values") if isinstance(answer, dict) and answer.get("ok") else None
-        endpoints = [r.get("transport_endpoint_") for r in replicas or [] if isinstance(r, dict)]
-        if endpoints and all(endpoints):
-            located[key] = endpoints
+        reported = [r.get("transport_endpoint_") for r in replicas or [] if isinstance(r, dict)]
+        named = [e for e in reported if isinstance(e, str) and e]
+        if named and len(named) == len(reported):  # every replica names its endpoint
+            located[key] = named
     probes = probe_endpoints([e for eps in located.values() for e in eps], master_host=admin.host, timeout=timeout)
     bad: dict[str, list[str]] = {}
     for key, endpoints in located.items():
