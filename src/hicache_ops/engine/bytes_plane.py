@@ -12,8 +12,9 @@ is compared byte for byte with a fresh reference, and mismatches are counted, ne
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from hicache_ops.engine.planes import ReadOutcome, WriteOutcome, side_layout, si
 from hicache_ops.engine.reference import reference_page, reference_side_object
 from hicache_ops.kernels import transfer
 from hicache_ops.sglang.geometry import ModelGeometry
-from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only, loadable_prefix, read_pages
+from hicache_ops.sglang.hit_policy import LoadablePrefix, PagePresence, kv_only, loadable_prefix, read_pages
 from hicache_ops.sglang.host_pool import DevicePoolLayout, HostPoolLayout
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.policy import STORAGE_BATCH_PAGES
@@ -54,7 +55,8 @@ class SideHost:
 
 
 def allocate_side(host_pages: int, suffixes: dict[str, list[str]], object_bytes: int) -> SideHost:
-    offsets, at = {}, 0
+    offsets: dict[str, dict[str, int]] = {}
+    at = 0
     for pool, names in suffixes.items():
         offsets[pool] = {}
         for suffix in names:
@@ -71,6 +73,14 @@ class RankPools:
     host: torch.Tensor  # SGLang's host buffer for the layout
     host_layout: HostPoolLayout
     side: SideHost | None = None  # with side pools (EngineSpec.side_pools)
+
+    def side_host(self) -> SideHost:
+        """The rank's side-pool slots, which every rank of a deployment with side pools has."""
+        if self.side is None:
+            raise RuntimeError(
+                f"tp rank {self.rank} has no side-pool host memory: the engine was built without side pools."
+            )
+        return self.side
 
     @property
     def device(self) -> tuple[torch.Tensor, ...] | torch.Tensor:
@@ -209,6 +219,16 @@ class BytesPlane:
                 torch.cuda.synchronize(pools.device_k.device)
 
 
+class L3Store(Protocol):
+    """What MooncakeL3 needs of a store client (hicache_ops.mooncake.store_client.StoreClient)."""
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[bool]: ...
+
+    def batch_put_from(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]: ...
+
+    def batch_get_into(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]: ...
+
+
 class MooncakeL3:
     """L3 through a Mooncake store: every rank's objects, named exactly as SGLang names them.
 
@@ -216,7 +236,9 @@ class MooncakeL3:
     buffers (hicache_ops.mooncake.store_client); each rank's host pool must be registered with it.
     """
 
-    def __init__(self, store, schemes: list[ObjectKeyScheme], plane: BytesPlane, pools: tuple[PoolSpec, ...] = ()):
+    def __init__(
+        self, store: L3Store, schemes: list[ObjectKeyScheme], plane: BytesPlane, pools: tuple[PoolSpec, ...] = ()
+    ):
         self.store = store
         self.schemes = schemes
         self.plane = plane
@@ -230,7 +252,10 @@ class MooncakeL3:
     def _pools(self, scheme: ObjectKeyScheme) -> RankPools:
         return self.plane.ranks[scheme.tp_rank]
 
-    def _io(self, scheme: ObjectKeyScheme, storage_keys: list[str], host_pages: list[int]):
+    def _io(
+        self, scheme: ObjectKeyScheme, storage_keys: list[str], host_pages: list[int]
+    ) -> tuple[list[str], list[int], list[int]]:
+        """The rank's object keys for the pages, with their host pool addresses and sizes."""
         pools = self._pools(scheme)
         base = pools.host.data_ptr()
         offsets, sizes = pools.host_layout.flat_meta(host_pages)
@@ -242,8 +267,8 @@ class MooncakeL3:
             return kv_only(hits)
         presence = self.side_presence(storage_keys, max(hits, default=0))
 
-        def rank_exists(rank: int, kv_pages: int):
-            def exists(pool, pages: int) -> list[bool]:
+        def rank_exists(rank: int, kv_pages: int) -> PagePresence:
+            def exists(pool: PoolSpec | None, pages: int) -> list[bool]:
                 if pool is None:
                     return [i < kv_pages for i in range(pages)]
                 objects = presence[rank][pool.name]
@@ -264,7 +289,9 @@ class MooncakeL3:
             for suffix in side[pool.name]
         ]
         flags = self.store.batch_is_exist([w[3] for w in wanted]) if wanted else []
-        out = [{pool.name: [[] for _ in range(pages)] for pool in self.pools} for _ in self.schemes]
+        out: list[dict[str, list[list[dict[str, Any]]]]] = [
+            {pool.name: [[] for _ in range(pages)] for pool in self.pools} for _ in self.schemes
+        ]
         for (r, pool, i, key), present in zip(wanted, flags, strict=True):
             out[r][pool][i].append({"key": key, "present": bool(present)})
         return out
@@ -330,7 +357,7 @@ class MooncakeL3:
         if not objects:
             return
         for o in objects:
-            side = self.plane.ranks[o["rank"]].side
+            side = self.plane.ranks[o["rank"]].side_host()
             side.fill(
                 host_pages[o["page"]],
                 o["pool"],
@@ -393,9 +420,10 @@ class MooncakeL3:
     def _read_side(self, storage_keys: list[str], host_pages: list[int], outcome: ReadOutcome) -> None:
         """Every rank reads each pool's objects of the pages its hit policy loads (all pages, or the
         last N before the stop point) into its side slots, verified against the reference bytes."""
-        wanted, got = [], []
+        wanted: list[tuple[SideHost, PoolSpec, int, str, str, int]] = []  # (slots, pool, page, suffix, key, ptr)
+        got: list[int] = []
         for scheme, suffixes in zip(self.schemes, self._side, strict=True):
-            side = self._pools(scheme).side
+            side = self._pools(scheme).side_host()
             mine = [
                 (
                     side,
