@@ -7,6 +7,11 @@ keep their host copy (write_back makes one as they leave), host leaves leave the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from hicache_ops.engine.config import CacheConfig
+from hicache_ops.engine.results import CacheStats
+from hicache_ops.engine.tree import Node, RadixTree
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 
@@ -18,7 +23,7 @@ class CapacityError(InputError):
 class PagePool:
     """A free list of page indices."""
 
-    def __init__(self, pages: int):
+    def __init__(self, pages: int) -> None:
         self.capacity = pages
         self._free = list(range(pages - 1, -1, -1))
 
@@ -51,6 +56,17 @@ class PoolAllocation:
     """TieredCache's page allocation and eviction (a mixin: it uses the cache's config, tree,
     device and host pools, stats and per-request eviction counters, and the write_back step of
     backup.py)."""
+
+    # What the mixin uses of TieredCache (engine/cache.py); declared here, set there.
+    config: CacheConfig
+    tree: RadixTree
+    device: PagePool
+    host: PagePool
+    stats: CacheStats
+    _reclaims_duplicates: bool  # the version frees host copies of device-resident nodes first
+    _request_device_evicted: int  # pages evicted for the request in progress
+    _request_host_evicted: int
+    _write_back_one: Callable[[Node], bool]  # Backups (engine/backup.py); an annotation, not a stub
 
     def _alloc_device(self, n: int) -> list[int]:
         pages = self._try_alloc_device(n)
