@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from pydantic import Field
@@ -167,18 +168,19 @@ def bench_kernels(
     tokens = n_pages * page_size
     tdtype = DTYPES[dtype]
     itemsize = torch.empty((), dtype=tdtype).element_size()
+    device_page_count, host_page_count = 2 * n_pages, n_pages + n_pages // 4 + 1
     geometry = {
         "layers": layers,
         "heads": heads,
         "head_dim": head_dim,
         "kv_cache_dim": kv_cache_dim,
         "dtype": dtype,
-        "device_pages": 2 * n_pages,
-        "host_pages": n_pages + n_pages // 4 + 1,
+        "device_pages": device_page_count,
+        "host_pages": host_page_count,
     }
     gen = torch.Generator().manual_seed(seed)
-    dev_pages = _scatter_pages(n_pages, geometry["device_pages"], gen)
-    host_pages = _scatter_pages(n_pages, geometry["host_pages"], gen)
+    dev_pages = _scatter_pages(n_pages, device_page_count, gen)
+    host_pages = _scatter_pages(n_pages, host_page_count, gen)
     if device == "cpu":
         return _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, repeats, dev_pages, host_pages)
     return _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, repeats, dev_pages, host_pages)
@@ -239,7 +241,7 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
             baselines={},
         )
         L, H, D, C = geometry["layers"], geometry["heads"], geometry["head_dim"], geometry["kv_cache_dim"]
-        runs: dict[str, Callable[[], None]] = {}
+        runs: dict[str, Callable[[], object]] = {}
         meta = {}
         pools = {}
         for kind in kinds:
@@ -247,7 +249,7 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
             result.bytes_moved[kind] = nbytes
             src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
             dst = torch.empty_like(src)
-            runs[f"{kind}/contiguous"] = lambda s=src, d=dst: d.copy_(s)
+            runs[f"{kind}/contiguous"] = partial(dst.copy_, src)
             lays = _layouts_for(kind, layouts)
             dev, hosts = _make_pools(
                 kind, L, H, D, C, tdtype, geometry["device_pages"] * page_size, geometry["host_pages"], page_size,
@@ -260,12 +262,12 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
                     runs[f"{kind}/{lay}/{direction}"] = fns[direction]
                     meta[f"{kind}/{lay}/{direction}"] = (kind, lay, direction, nbytes)
             # checksum throughput: the same pages on the device pool and in every host layout
-            runs[f"{kind}/checksum/device"] = lambda dv=dev: device_page_checksums(
-                dv, dev_pages, page_size=page_size, unit="page"
+            runs[f"{kind}/checksum/device"] = partial(
+                device_page_checksums, dev, dev_pages, page_size=page_size, unit="page"
             )
             for lay in lays:
-                runs[f"{kind}/checksum/{lay}"] = lambda h=hosts[lay], lay=lay: host_page_checksums(
-                    h, host_pages, layout=lay, page_size=page_size, unit="page"
+                runs[f"{kind}/checksum/{lay}"] = partial(
+                    host_page_checksums, hosts[lay], host_pages, layout=lay, page_size=page_size, unit="page"
                 )
         times: dict[str, float] = {}
 
@@ -323,7 +325,7 @@ def _bench_cpu(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, re
 # CUDA
 
 
-def _cuda_time(fn: Callable[[], None]) -> float:
+def _cuda_time(fn: Callable[[], object]) -> float:
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
@@ -331,6 +333,13 @@ def _cuda_time(fn: Callable[[], None]) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3
+
+
+def _device_checksums_call(
+    device: torch.Tensor | tuple[torch.Tensor, ...], pages: torch.Tensor, cuda: torch.device, page_size: int
+) -> Callable[[], torch.Tensor]:
+    """The device pool's page checksums as one timed call (moving the page list to the GPU included)."""
+    return lambda: device_page_checksums(device, pages.to(cuda), page_size=page_size, unit="page")
 
 
 def _sglang_ops():
@@ -454,7 +463,7 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
     L, H, D, C = geometry["layers"], geometry["heads"], geometry["head_dim"], geometry["kv_cache_dim"]
     d_tok = pages_to_tokens(dev_pages, page_size).to(cuda)
     h_tok = pages_to_tokens(host_pages, page_size).to(cuda)
-    runs: dict[str, Callable[[], None]] = {}
+    runs: dict[str, Callable[[], object]] = {}
     meta = {}
     pools = {}
     for kind in kinds:
@@ -462,8 +471,8 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
         result.bytes_moved[kind] = nbytes
         dev_buf = torch.empty(nbytes, dtype=torch.uint8, device=cuda)
         host_buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        runs[f"{kind}/memcpy/backup"] = lambda h=host_buf, d=dev_buf: h.copy_(d, non_blocking=True)
-        runs[f"{kind}/memcpy/load"] = lambda h=host_buf, d=dev_buf: d.copy_(h, non_blocking=True)
+        runs[f"{kind}/memcpy/backup"] = partial(host_buf.copy_, dev_buf, non_blocking=True)
+        runs[f"{kind}/memcpy/load"] = partial(dev_buf.copy_, host_buf, non_blocking=True)
         page_bytes = nbytes // (tokens // page_size)
         dev_pool = torch.empty(geometry["device_pages"] * page_bytes, dtype=torch.uint8, device=cuda)
         host_pool = torch.empty(geometry["host_pages"] * page_bytes, dtype=torch.uint8, pin_memory=True)
@@ -553,11 +562,8 @@ def _bench_cuda(kinds, layouts, geometry, tokens, page_size, tdtype, itemsize, r
             "chunk_loop_load_s": times[f"{kind}/loop/load"],
         }
         dev, hosts = pools[kind]
-        t = _cuda_time(lambda dv=dev: device_page_checksums(dv, dev_pages.to(cuda), page_size=page_size, unit="page"))
-        t = min(
-            t,
-            _cuda_time(lambda dv=dev: device_page_checksums(dv, dev_pages.to(cuda), page_size=page_size, unit="page")),
-        )
+        device_sums = _device_checksums_call(dev, dev_pages, cuda, page_size)
+        t = min(_cuda_time(device_sums), _cuda_time(device_sums))
         base = min(times[f"{kind}/memcpy/backup"], times[f"{kind}/memcpy/load"])
         result.checksums.append(
             ChecksumResult(attention=kind, where="device", seconds=t, gb_per_s=nbytes / t / 1e9, ratio=base / t)
