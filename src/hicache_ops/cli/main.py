@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import typer
 
@@ -28,17 +29,39 @@ class _RootGroup(HicacheGroup):
     missing argument) are the JSON error object on stdout too, so a script reading stdout always
     gets JSON; without it, Typer's usual usage message."""
 
-    def main(self, args=None, prog_name=None, **extra):
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         # Each invocation starts with no JSON extras (in-process runs share the context).
         token = JSON_EXTRAS.set({})
         argv_token = ARGV.set(tuple(str(a) for a in (sys.argv[1:] if args is None else args)))
         try:
-            return self._main(args, prog_name, **extra)
+            return self._main(
+                args,
+                prog_name,
+                complete_var=complete_var,
+                standalone_mode=standalone_mode,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
         finally:
             JSON_EXTRAS.reset(token)
             ARGV.reset(argv_token)
 
-    def _main(self, args=None, prog_name=None, **extra):
+    def _main(
+        self,
+        args: Sequence[str] | None,
+        prog_name: str | None,
+        *,
+        standalone_mode: bool,
+        **extra: Any,
+    ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         if argv and set(argv) <= {"--version", "-V", "--json"} and set(argv) != {"--json"}:
             # `hicache --version --json`: the root takes no --json of its own, so answer here.
@@ -46,14 +69,13 @@ class _RootGroup(HicacheGroup):
             sys.stdout.write((json.dumps(info, indent=2) if "--json" in argv else version_text(info)) + "\n")
             sys.exit(0)
         if not _json_requested(argv):
-            return super().main(args=argv, prog_name=prog_name, **extra)
-        extra.pop("standalone_mode", None)
+            return super().main(args=argv, prog_name=prog_name, standalone_mode=standalone_mode, **extra)
         try:
             code = super().main(args=argv, prog_name=prog_name, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # Typer's bundled Click usage errors derive from it
             ctx = getattr(exc, "ctx", None)
             hint = f"See `{ctx.command_path} --help`." if ctx is not None else "See `hicache --help`."
-            error = InputError(exc.format_message(), hint=hint)
+            error: HicacheError = InputError(exc.format_message(), hint=hint)
             if exc.exit_code != InputError.exit_code:
                 error = HicacheError(exc.format_message(), hint=hint)
             print_error(error, json_output=True)

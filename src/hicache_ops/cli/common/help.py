@@ -11,11 +11,11 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import typer
+from rich.console import Console, ConsoleOptions
 from rich.table import Table
 from rich.text import Text
-from typer import rich_utils
-from typer.core import TyperArgument, TyperCommand, TyperGroup
+from typer import _click, rich_utils  # _click: the Click that Typer bundles, which its own methods take
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 # Shown for a value whose option declares no metavar of its own.
 _FALLBACK_METAVAR = {int: "N", float: "NUM", str: "TEXT"}
@@ -87,17 +87,18 @@ def example_commands(text: str) -> list[str]:
     return commands
 
 
-def _no_type_label(ctx: typer.Context) -> None:
+def _no_type_label(ctx: _click.Context) -> str | None:
     return None
 
 
-def _label_values(params: list) -> list:
+def _label_values(params: list[_click.Parameter]) -> list[_click.Parameter]:
     for param in params:
         if isinstance(param, TyperArgument):
             # An argument's name (its metavar) already says what it is; drop the `<str>` column.
-            param.display_type_rich = _no_type_label
+            # Typer makes the argument, so its method is replaced on that one instance.
+            param.display_type_rich = _no_type_label  # type: ignore[method-assign]
             continue
-        if param.metavar is not None:
+        if not isinstance(param, TyperOption) or param.metavar is not None:
             continue
         if param.is_flag:
             param.metavar = ""
@@ -116,7 +117,7 @@ class _HelpTable(Table):
     shrinks every column evenly, so at 80 columns `--hicache-storage-prefetch-policy` read
     `--hicache-storage-prefetch-p…`."""
 
-    def _calculate_column_widths(self, console, options):  # type: ignore[no-untyped-def]
+    def _calculate_column_widths(self, console: Console, options: ConsoleOptions) -> list[int]:
         *names, last = self.columns
         for column in names:
             column.no_wrap = True
@@ -135,22 +136,22 @@ def _help_tables() -> Iterator[None]:
     # Typer builds its tables from the `Table` name of its rich_utils module; only while our help
     # renders is that name this class.
     original = rich_utils.Table
-    rich_utils.Table = _HelpTable  # type: ignore[misc]
+    rich_utils.Table = _HelpTable  # type: ignore[misc]  # mypy refuses any assignment to a class name
     try:
         yield
     finally:
-        rich_utils.Table = original  # type: ignore[misc]
+        rich_utils.Table = original  # type: ignore[misc]  # (as above)
 
 
 class HicacheCommand(TyperCommand):
-    def format_help(self, ctx: typer.Context, formatter) -> None:  # type: ignore[no-untyped-def]
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with _help_tables():
             super().format_help(ctx, formatter)
 
-    def get_params(self, ctx: typer.Context) -> list:
+    def get_params(self, ctx: _click.Context) -> list[_click.Parameter]:
         return _label_values(super().get_params(ctx))
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: _click.Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if isinstance(param, TyperArgument):
@@ -160,9 +161,9 @@ class HicacheCommand(TyperCommand):
 
 
 class HicacheGroup(TyperGroup):
-    def format_help(self, ctx: typer.Context, formatter) -> None:  # type: ignore[no-untyped-def]
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with _help_tables():
             super().format_help(ctx, formatter)
 
-    def get_params(self, ctx: typer.Context) -> list:
+    def get_params(self, ctx: _click.Context) -> list[_click.Parameter]:
         return _label_values(super().get_params(ctx))
