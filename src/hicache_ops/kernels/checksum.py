@@ -21,14 +21,23 @@ Values are returned as int64 tensors holding the uint64 bit pattern; ``checksum_
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import numpy as np
 import torch
 
 from hicache_ops.errors import InputError
 from hicache_ops.kernels.geometry import PageGeometry, host_canonical, host_is_mla, page_object_view, split_device
-from hicache_ops.kernels.indexing import DEFAULT_TILE, as_index, as_words, check_in_range, check_unit, pages_to_tokens
+from hicache_ops.kernels.indexing import (
+    DEFAULT_TILE,
+    IndexSet,
+    as_index,
+    as_words,
+    check_in_range,
+    check_unit,
+    pages_to_tokens,
+)
 
 CHECKSUM_VERSION = 1
 KEY_SEED = 0x243F6A8885A308D3
@@ -81,7 +90,9 @@ def _keys(n_words: int, device: torch.device) -> torch.Tensor:
     return keys
 
 
-def _torch_acc(get, n_pages: int, n_comp: int, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _torch_acc(
+    get: Callable[[int, int, int], torch.Tensor], n_pages: int, n_comp: int, like: torch.Tensor
+) -> tuple[torch.Tensor, int]:
     """acc (n_pages,) and n_words with torch. `get(c, start, stop)` returns component c of pages
     start..stop-1 as an (n, L, page_size, H, D) tensor (any strides, last dimension contiguous);
     `like` is one such tensor (for shape, dtype and device). Works through chunks of about
@@ -117,7 +128,7 @@ def _use_triton(backend: str, t: torch.Tensor) -> bool:
     return backend == "auto" and t.device.type == "cuda"
 
 
-def _triton_acc(components: list[torch.Tensor], tokens: torch.Tensor, **kw) -> tuple[torch.Tensor, int]:
+def _triton_acc(components: list[torch.Tensor], tokens: torch.Tensor, **kw: int) -> tuple[torch.Tensor, int]:
     """acc and n_words as `_torch_acc` gives them, from the Triton kernel."""
     from hicache_ops.kernels import _triton
 
@@ -126,7 +137,7 @@ def _triton_acc(components: list[torch.Tensor], tokens: torch.Tensor, **kw) -> t
     return _triton.keyed_word_sums(components, tokens, word=word, key_seed=KEY_SEED, c1=C1, c2=C2, **kw)
 
 
-def _page_tokens(indices, page_size: int, unit: str) -> torch.Tensor:
+def _page_tokens(indices: IndexSet, page_size: int, unit: str) -> torch.Tensor:
     idx = as_index(indices, "indices")
     if check_unit(unit) == "page":
         return pages_to_tokens(idx, page_size)
@@ -137,7 +148,7 @@ def _page_tokens(indices, page_size: int, unit: str) -> torch.Tensor:
 
 def device_page_checksums(
     device: torch.Tensor | Sequence[torch.Tensor],
-    indices,
+    indices: IndexSet,
     *,
     page_size: int,
     unit: str = "token",
@@ -167,7 +178,7 @@ def device_page_checksums(
         if starts is not None and e - s == 1:
             return comps[c][:, starts[s] : starts[s] + page_size].unsqueeze(0)
         rows = comps[c].index_select(1, tokens[s * page_size : e * page_size])
-        return rows.unflatten(1, (e - s, page_size)).transpose(0, 1)
+        return torch.unflatten(rows, 1, (e - s, page_size)).transpose(0, 1)
 
     acc, n_words = _torch_acc(get, n, len(comps), get(0, 0, 1))
     return finalize(acc, n_words)
@@ -175,7 +186,7 @@ def device_page_checksums(
 
 def host_page_checksums(
     host: torch.Tensor,
-    indices,
+    indices: IndexSet,
     *,
     layout: str,
     page_size: int,
@@ -208,7 +219,7 @@ def host_page_checksums(
                 return canon[c][:, page_list[s]].unsqueeze(0)
             return canon[c].index_select(1, page_ids[s:e]).transpose(0, 1)
         sl = slice(s * page_size, e * page_size)
-        return canon[c][:, p_idx[sl], s_idx[sl]].unflatten(1, (e - s, page_size)).transpose(0, 1)
+        return torch.unflatten(canon[c][:, p_idx[sl], s_idx[sl]], 1, (e - s, page_size)).transpose(0, 1)
 
     acc, n_words = _torch_acc(get, n, len(canon), get(0, 0, 1))
     return finalize(acc, n_words)
@@ -227,7 +238,11 @@ def canonical_page_checksums(pages: torch.Tensor) -> torch.Tensor:
     return finalize(acc, n_words)
 
 
-def _object_tensor(obj, nbytes: int) -> torch.Tensor:
+# One L3 object's bytes as storage_page_checksum takes them.
+PageObject: TypeAlias = torch.Tensor | bytes | bytearray | memoryview
+
+
+def _object_tensor(obj: PageObject, nbytes: int) -> torch.Tensor:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().reshape(-1).view(torch.uint8) if obj.is_contiguous() else obj.contiguous().view(torch.uint8)
     else:
@@ -238,7 +253,7 @@ def _object_tensor(obj, nbytes: int) -> torch.Tensor:
     return t
 
 
-def storage_page_checksum(objects: Sequence, *, layout: str, geometry: PageGeometry) -> int:
+def storage_page_checksum(objects: Sequence[PageObject], *, layout: str, geometry: PageGeometry) -> int:
     """Checksum of one page from its L3 object bytes (as SGLang's zero-copy path writes them from a host
     pool in `layout`): MHA ``[k_bytes, v_bytes]``, MLA ``[kv_bytes]``; each a bytes-like object or a
     tensor. Returns the checksum as an unsigned int."""

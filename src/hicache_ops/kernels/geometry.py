@@ -125,7 +125,7 @@ def host_canonical(host: torch.Tensor, layout: str, *, mla: bool, page_size: int
             size = c.shape[at]
             if size % page_size:
                 raise ValueError(f"host pool size {size} is not a multiple of page_size {page_size}.")
-            c = c.unflatten(at, (size // page_size, page_size))
+            c = torch.unflatten(c, at, (size // page_size, page_size))
         c = c.permute(buf.canonical_order)
         if c.shape[2] != page_size:
             raise ValueError(f"the {layout} host pool has page size {c.shape[2]}, not {page_size}.")

@@ -7,7 +7,11 @@ integer words, so no float value is ever interpreted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 import torch
 
 UNITS = ("token", "page")
@@ -15,8 +19,11 @@ UNITS = ("token", "page")
 DEFAULT_TILE = 16
 WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
+# An index set as callers give one: a tensor, a numpy array, a range or any iterable of ints.
+IndexSet: TypeAlias = torch.Tensor | npt.NDArray[Any] | Iterable[int]
 
-def as_index(x, name: str) -> torch.Tensor:
+
+def as_index(x: IndexSet, name: str) -> torch.Tensor:
     """A 1-D int64 tensor from a tensor, numpy array, range or sequence of ints."""
     if isinstance(x, torch.Tensor):
         t = x

@@ -30,7 +30,14 @@ import numpy as np
 import torch
 
 from hicache_ops.kernels.geometry import PageGeometry, host_token_view, pool_geometry
-from hicache_ops.kernels.indexing import DEFAULT_TILE, as_index, check_in_range, check_unit, pages_to_tokens
+from hicache_ops.kernels.indexing import (
+    DEFAULT_TILE,
+    IndexSet,
+    as_index,
+    check_in_range,
+    check_unit,
+    pages_to_tokens,
+)
 
 BACKENDS = ("auto", "cpu", "torch", "triton")
 
@@ -59,10 +66,10 @@ class TransferPlan:
 
 
 def plan_transfer(
-    device,
+    device: torch.Tensor | Sequence[torch.Tensor],
     host: torch.Tensor,
-    device_indices,
-    host_indices,
+    device_indices: IndexSet,
+    host_indices: IndexSet,
     *,
     layout: str,
     page_size: int,
@@ -88,8 +95,8 @@ def backup(
     device: torch.Tensor | Sequence[torch.Tensor],
     host: torch.Tensor,
     *,
-    device_indices,
-    host_indices,
+    device_indices: IndexSet,
+    host_indices: IndexSet,
     layout: str,
     page_size: int,
     unit: str = "token",
@@ -121,8 +128,8 @@ def load(
     host: torch.Tensor,
     device: torch.Tensor | Sequence[torch.Tensor],
     *,
-    host_indices,
-    device_indices,
+    host_indices: IndexSet,
+    device_indices: IndexSet,
     layout: str,
     page_size: int,
     unit: str = "token",
@@ -296,7 +303,7 @@ def copy_runs(
         return
 
     def split(a: torch.Tensor, n: int) -> torch.Tensor:
-        return a.unflatten(1, (n, ps))
+        return torch.unflatten(a, 1, (n, ps))
 
     def move(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
