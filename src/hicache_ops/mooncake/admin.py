@@ -32,6 +32,7 @@ import http.client
 import json
 import socket
 from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import quote
 
 from hicache_ops.errors import InputError, UnreachableError, transport_reason
@@ -127,12 +128,12 @@ class AdminClient:
     def __enter__(self) -> AdminClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- endpoints -----------------------------------------------------------------------------
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """/health as a dict; answers (HTTP 200 or 503) even when the service is not ready."""
         data = self._json("/health", ok_statuses=(200, 503))
         if not isinstance(data, dict):
@@ -148,13 +149,14 @@ class AdminClient:
     def get_all_segments(self) -> list[str]:
         return [line for line in self._text("/get_all_segments").splitlines() if line]
 
-    def segments_detail(self) -> list[dict]:
+    def segments_detail(self) -> list[dict[str, Any]]:
         data = self._json("/get_segments_detail")
         if isinstance(data, dict) and isinstance(data.get("segments"), list):
-            return data["segments"]
+            segments: list[dict[str, Any]] = data["segments"]  # the master's segment objects
+            return segments
         return []
 
-    def query_key(self, key: str) -> list[dict] | None:
+    def query_key(self, key: str) -> list[dict[str, Any]] | None:
         """The replica descriptors of one object, or None when it does not exist.
 
         The master reads this parameter raw (no percent-decoding), so keys holding characters
@@ -164,10 +166,11 @@ class AdminClient:
             raise InputError(f"/query_key cannot carry the key {key!r} (the master does not percent-decode it).")
         data = self._json("/query_key?key=" + key, ok_statuses=(200, 404))
         if isinstance(data, dict) and data.get("success"):
-            return data.get("data") or []
+            replicas: list[dict[str, Any]] = data.get("data") or []  # the master's replica descriptors
+            return replicas
         return None
 
-    def batch_query_keys(self, keys: Sequence[str]) -> dict[str, dict]:
+    def batch_query_keys(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """/batch_query_keys for keys without commas: {key: {"ok": bool, "error", "values", ...}}."""
         if not keys:
             return {}
@@ -177,7 +180,8 @@ class AdminClient:
         data = self._json(path, ok_statuses=(200, 404))
         if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
             return {}
-        return data["data"]
+        answers: dict[str, dict[str, Any]] = data["data"]  # per key, the master's answer object
+        return answers
 
     def exists(self, keys: Sequence[str], *, chunk: int = QUERY_CHUNK) -> list[bool]:
         """Per key whether the object exists: /batch_query_keys in chunks, no round trip per key."""

@@ -35,8 +35,9 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.mooncake.net import format_host_port, free_port
@@ -73,7 +74,7 @@ def find_master_binary() -> str:
     )
 
 
-def _make_child_setup(parent_pid: int):
+def _make_child_setup(parent_pid: int) -> Callable[[], None]:
     """preexec_fn: own process group, and SIGKILL when the parent thread dies."""
     import ctypes
 
@@ -114,7 +115,7 @@ class EmbeddedMaster:
         self,
         *,
         http_metadata: bool = False,
-        log_path: str | os.PathLike | None = None,
+        log_path: str | os.PathLike[str] | None = None,
         ready_timeout: float = 30.0,
         stop_grace: float = 5.0,
         extra_args: Sequence[str] = (),
@@ -133,7 +134,7 @@ class EmbeddedMaster:
         self.rpc_port: int | None = None
         self.metrics_port: int | None = None
         self.http_metadata_port: int | None = None
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
     # -- addresses -----------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class EmbeddedMaster:
     def log_path(self) -> Path | None:
         return self._log_path
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "rpc_address": self.rpc_address if self.rpc_port else None,
@@ -322,7 +323,7 @@ class EmbeddedMaster:
                 pass
         return proc.returncode
 
-    def on_exit(self, callback) -> None:
+    def on_exit(self, callback: Callable[[int], object]) -> None:
         """Reap the master the moment it exits (no zombie) and call `callback(returncode)` then,
         from a daemon thread; a stop() of ours calls it too."""
         proc = self._proc
@@ -337,7 +338,7 @@ class EmbeddedMaster:
     def __enter__(self) -> EmbeddedMaster:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

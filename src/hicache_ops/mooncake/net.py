@@ -81,7 +81,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on `host` (callers retry if it is taken meanwhile)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 def is_loopback(host: str) -> bool:

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from hicache_ops.errors import HicacheError, InputError, UnreachableError
 from hicache_ops.mooncake.config import StoreConfig, check_client_safe, check_metadata_server
@@ -170,7 +171,7 @@ def ecma_escape(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 _ENV_LOCK = threading.Lock()
-_ABANDONED: list = []  # Mooncake clients whose close would hang (see StoreClient.abandon)
+_ABANDONED: list[Any] = []  # Mooncake clients whose close would hang (see StoreClient.abandon)
 
 
 @contextmanager
@@ -195,7 +196,8 @@ def _bounded_setup_env(timeout_s: float) -> Iterator[None]:
 class StoreClient:
     """One MooncakeDistributedStore, owned by this object. Thread-compatible, not thread-safe."""
 
-    def __init__(self, store, *, master: str, segment_size: int, hostname: str, metadata_server: str):
+    # store: a mooncake.store.MooncakeDistributedStore (mooncake ships no type information)
+    def __init__(self, store: Any, *, master: str, segment_size: int, hostname: str, metadata_server: str):
         self._store = store
         self.master = master
         self.segment_size = segment_size
@@ -307,7 +309,7 @@ class StoreClient:
     # -- plumbing ------------------------------------------------------------------------------
 
     @property
-    def raw(self):
+    def raw(self) -> Any:
         """The underlying mooncake.store.MooncakeDistributedStore (for benchmarks and cross-checks)."""
         return self._store
 
@@ -340,7 +342,7 @@ class StoreClient:
             raise self._rpc_failed(op)
 
     @staticmethod
-    def _check_lengths(op: str, keys: Sequence, *others: Sequence) -> None:
+    def _check_lengths(op: str, keys: Sequence[object], *others: Sequence[object]) -> None:
         for other in others:
             if len(other) != len(keys):
                 raise InputError(f"{op}: {len(keys)} keys but {len(other)} pointers/sizes; give one per key.")
@@ -437,7 +439,7 @@ class StoreClient:
         if not keys:
             return []
         self._ready("batch_get_into")
-        codes = self._store.batch_get_into(
+        codes: list[int] = self._store.batch_get_into(
             keys if isinstance(keys, list) else list(keys),
             ptrs if isinstance(ptrs, list) else list(ptrs),
             sizes if isinstance(sizes, list) else list(sizes),
@@ -556,7 +558,7 @@ class StoreClient:
     def __enter__(self) -> StoreClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
