@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import typer
 
@@ -87,7 +87,31 @@ class _RootGroup(HicacheGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def version_info() -> dict[str, object]:
+class _SglangVersions(TypedDict):
+    supported: list[str]
+    default: str
+    installed: str | None
+
+
+class _MooncakeWheel(TypedDict):
+    distribution: str
+    version: str
+
+
+class _MooncakeVersions(TypedDict):
+    measured: str
+    installed: _MooncakeWheel | None
+
+
+class VersionInfo(TypedDict):
+    """`hicache --version --json`."""
+
+    hicache_ops: str
+    sglang: _SglangVersions
+    mooncake: _MooncakeVersions
+
+
+def version_info() -> VersionInfo:
     """hicache-ops' version, the SGLang releases it knows, and the Mooncake release (metadata only)."""
     from importlib import metadata
 
@@ -110,7 +134,7 @@ def version_info() -> dict[str, object]:
     }
 
 
-def version_text(info: dict) -> str:
+def version_text(info: VersionInfo) -> str:
     sglang, mooncake = info["sglang"], info["mooncake"]
     installed = mooncake["installed"]
     return (

@@ -4,8 +4,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# One sample of a family: its label values and its value.
+_Row = tuple[list[str], float]
 
 # stats field -> (metric name, help); counters only grow over the process's life.
 _COUNTERS = {
@@ -53,10 +59,10 @@ _GAUGES = {
 
 
 class _Snapshot:
-    def __init__(self, stats: dict):
+    def __init__(self, stats: dict[str, Any]) -> None:  # the serve's stats snapshot (JSON-shaped)
         self._stats = stats
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for field, (name, help_) in _COUNTERS.items():
             family = CounterMetricFamily(name, help_)
             family.add_metric([], self._stats["stats"][field])
@@ -84,15 +90,17 @@ class _SglangSnapshot:
     """SGLang's families for the same snapshot. Tokenizer-side counts come from /generate requests
     (as SGLang counts them at its tokenizer); the scheduler-side ones from the whole cache."""
 
-    def __init__(self, stats: dict, sglang: dict):
+    def __init__(self, stats: dict[str, Any], sglang: dict[str, Any]) -> None:
         self._stats, self._sglang = stats, sglang
 
-    def _family(self, name: str, kind: str, help_: str, labels: tuple[str, ...]):
+    def _family(
+        self, name: str, kind: str, help_: str, labels: tuple[str, ...]
+    ) -> CounterMetricFamily | GaugeMetricFamily:
         base = name[: -len("_total")] if kind == "counter" else name
         cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
         return cls(base, help_, labels=list(labels))
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from hicache_ops.sglang.metric_names import ENGINE_TYPE, METRICS
 
         sg, st, occ = self._sglang, self._stats["stats"], self._stats["occupancy"]
@@ -103,14 +111,14 @@ class _SglangSnapshot:
         ranks = [[model, ENGINE_TYPE, str(r), "0", "0"] for r in range(sg["tp_size"])]
         l3 = self._stats["config"]["l3"] != "none"
 
-        def family(name, help_, rows):
+        def family(name: str, help_: str, rows: list[_Row]) -> Metric:
             kind, labels = table[name]
             fam = self._family(name, kind, help_, labels)
             for values, value in rows:
                 fam.add_metric(values, value)
             return fam
 
-        def per_rank(value, *extra):
+        def per_rank(value: float, *extra: str) -> list[_Row]:
             return [([*r, *extra], value) for r in ranks]
 
         streaming = "is_streaming" in table["sglang:prompt_tokens_total"][1]
@@ -166,7 +174,7 @@ class _SglangSnapshot:
             yield family("sglang:prefill_effective_tokens_total", "Prefill tokens by mode.", rows)
 
 
-def render_metrics(stats: dict, sglang: dict | None = None) -> str:
+def render_metrics(stats: dict[str, Any], sglang: dict[str, Any] | None = None) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(stats))
     if sglang is not None:
