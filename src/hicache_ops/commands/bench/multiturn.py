@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
@@ -87,7 +88,7 @@ class MultiturnResult:
         spec = self.spec
         rounds = []
         for r in range(self.rounds_reported):
-            entry = {
+            entry: dict[str, Any] = {
                 "round": r,
                 "prompt_tokens": self.prompt_tokens(r),
                 "ceiling": spec.ceiling(r),
