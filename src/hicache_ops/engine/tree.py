@@ -166,24 +166,28 @@ class RadixTree:
         """Put `node` in or out of the eviction candidate sets after a change to it or its children."""
         if node is self.root:
             return
-        if node.device is not None and not node.lock_ref and not node.device_children:
-            if node not in self.device_leaves:
-                self.device_leaves.add(node)
-                heappush(self._device_heap, (self.priority(node), node))
-        else:
-            self.device_leaves.discard(node)
-        if (
-            node.device is None
-            and node.host is not None
-            and not node.lock_ref
-            and not node.host_ref
-            and not (node.children if self._childless_host_leaves else node.host_children)
-        ):
-            if node not in self.host_leaves:
-                self.host_leaves.add(node)
-                heappush(self._host_heap, (self.priority(node), node))
-        else:
+        # Hot (several calls per request): one branch on the device copy, then the two tests.
+        if node.device is not None:
             self.host_leaves.discard(node)
+            leaves = self.device_leaves
+            if node.lock_ref or node.device_children:
+                leaves.discard(node)
+            elif node not in leaves:
+                leaves.add(node)
+                heappush(self._device_heap, (self.priority(node), node))
+            return
+        self.device_leaves.discard(node)
+        leaves = self.host_leaves
+        if (
+            node.host is None
+            or node.lock_ref
+            or node.host_ref
+            or (node.children if self._childless_host_leaves else node.host_children)
+        ):
+            leaves.discard(node)
+        elif node not in leaves:
+            leaves.add(node)
+            heappush(self._host_heap, (self.priority(node), node))
 
     def touch(self, nodes: list[Node]) -> None:
         """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
