@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from hicache_ops.commands.bench.replay import ReplaySpec, replay
 from hicache_ops.commands.bench.replay_trace import (
@@ -41,15 +41,22 @@ from hicache_ops.commands.bench.replay_trace import (
     TraceRequest,
     load_trace,
 )
+from hicache_ops.errors import InputError
+
+
+def refuse(message: str) -> NoReturn:
+    """Bad input: one sentence on stderr, exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def load_simulator(path: str) -> ModuleType:
     file = Path(path)
     if not file.is_file():
-        sys.exit(f"--simulator {path}: no such file (SGLang's benchmark/hicache/hicache_policy_simulator.py).")
+        refuse(f"--simulator {path} is not a file (SGLang's benchmark/hicache/hicache_policy_simulator.py).")
     spec = importlib.util.spec_from_file_location("hicache_policy_simulator", file)
     if spec is None or spec.loader is None:
-        sys.exit(f"--simulator {path} cannot be imported.")
+        refuse(f"--simulator {path} cannot be imported as a Python module.")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -130,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if MOONCAKE_BLOCK_TOKENS % args.page_size:
         parser.error(f"--page-size must divide {MOONCAKE_BLOCK_TOKENS}: a block is then whole pages on both sides")
     sim = load_simulator(args.simulator)
-    trace = load_trace(args.trace, "mooncake", args.limit)
+    try:
+        trace = load_trace(args.trace, "mooncake", args.limit)
+    except InputError as err:
+        refuse(err.message)
     spec = ReplaySpec(page_size=args.page_size, l1_tokens=args.l1_blocks * MOONCAKE_BLOCK_TOKENS, l3="none")
     spec.validate()
     inputs = {"pages": page_stream(trace), "trace": trace}
