@@ -27,6 +27,7 @@ DOCS = ROOT / "docs" / "cli"
 RESULT_MODELS = {
     "hicache bench kernels": "hicache_ops.commands.bench.kernels:KernelBenchResult",
     "hicache bench multiturn": "hicache_ops.commands.bench.multiturn:MultiturnReport",
+    "hicache bench replay": "hicache_ops.commands.bench.replay_report:ReplayResult",
     "hicache bench keys": "hicache_ops.commands.bench.key_throughput:KeyBenchResult",
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",

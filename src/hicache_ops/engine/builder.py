@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.config import CacheConfig
-from hicache_ops.engine.planes import AccountingPlane, MemoryL3
+from hicache_ops.engine.planes import AccountingPlane, L3Tier, MemoryL3
 from hicache_ops.engine.reference import side_object_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
@@ -191,12 +191,12 @@ class EngineSpec:
         return {"host": host.host_bytes * self.tp_size, "device": device_per_rank * self.tp_size}
 
 
-def build_accounting(spec: EngineSpec, l3: bool = True, shared_l3: MemoryL3 | None = None) -> TieredCache:
-    """The byte-free cache; `shared_l3` lets several instances share one L3."""
+def build_accounting(spec: EngineSpec, l3: bool = True, shared_l3: L3Tier | None = None) -> TieredCache:
+    """The byte-free cache; `shared_l3` lets several instances share one L3 (or brings another L3Tier)."""
     host = spec.host_layout(mooncake=l3)
     config = spec.cache_config(host)
     per_page = host.bytes_per_page * spec.tp_size
-    memory_l3 = shared_l3
+    memory_l3: L3Tier | None = shared_l3
     if memory_l3 is None and l3:
         memory_l3 = MemoryL3(
             spec.schemes(), per_page, pools=spec.side_pools, side_object_bytes=side_object_bytes(spec.geometry)

@@ -150,7 +150,14 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             finally:
                 self._observer = None
 
-    def request(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
+    def request(
+        self,
+        prompt,
+        output,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        known_keys: tuple[list[str], list[str]] | None = None,
+    ) -> PrefillResult:
         """One whole request: the prompt's prefill, then its finish with `output` (the generated
         token ids; at least one), as SGLang serves a lone request (docs/controller.md#finished-requests).
 
@@ -158,7 +165,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         too, then the decode's), taken when it needs them. A request that decodes (2+ output
         tokens) inserts its prompt after the prefill, where the write policy acts; one whose only
         token came from the prefill finishes at once and inserts once. The prompt's nodes stay
-        locked until the finish inserts prompt + output but the last token."""
+        locked until the finish inserts prompt + output but the last token. `known_keys`: the
+        (tree, L3) keys of the prompt's first whole pages, from `keys_for` of an earlier prompt
+        it extends (a conversation's next turn); only the pages past them are hashed."""
         arr, n_pages = self._check_prompt(prompt)
         out = as_token_array(output, self.config.sglang_version)
         if out.size == 0:
@@ -166,7 +175,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         decodes = out.size > 1
         with self.lock:
             result, held, keys, tail = self._prefill(
-                arr, n_pages, extra_key, cache_salt, False, False, count_hits=decodes, hold_tail=True
+                arr, n_pages, extra_key, cache_salt, False, False, count_hits=decodes, hold_tail=True, known=known_keys
             )
             try:
                 self._finish(
@@ -194,6 +203,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         arrival: Arrival | None = None,
         count_hits: bool = True,
         hold_tail: bool = False,
+        known: tuple[list[str], list[str]] | None = None,
     ):
         """The prompt half of a request; returns the result, the deepest nodes it locked, the
         prompt's (tree, L3) page keys, and the device page holding the prompt's partial last page
@@ -209,7 +219,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             result = PrefillResult(
                 prompt_tokens=int(arr.size), pages=n_pages, trailing_tokens=int(arr.size - n_pages * ps)
             )
-            tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt)
+            tree_keys, storage_keys = self.keys_for(arr, extra_key, cache_salt, known=known)
         else:
             result = arrival.result
             tree_keys, storage_keys = arrival.keys

@@ -8,10 +8,19 @@ at benchmark scale; bytes.py holds the real-bytes implementations.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
-from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only, loadable_prefix, writes_side_pool, written_pages
+from hicache_ops.sglang.hit_policy import (
+    LoadablePrefix,
+    PagePresence,
+    kv_only,
+    loadable_prefix,
+    writes_side_pool,
+    written_pages,
+)
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import PoolSpec, pool_suffixes
 
@@ -79,14 +88,65 @@ class AccountingPlane:
     def __init__(self, bytes_per_page: int):
         self.bytes_per_page = bytes_per_page
 
-    def compute(self, device_pages, storage_keys) -> None:
+    def compute(self, device_pages: list[int], storage_keys: list[str]) -> None:
         return None
 
-    def backup(self, device_pages, host_pages) -> int:
+    def backup(self, device_pages: list[int], host_pages: list[int]) -> int:
         return len(device_pages) * self.bytes_per_page
 
-    def load(self, host_pages, device_pages, storage_keys) -> tuple[int, list[str]]:
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, list[str]]:
         return len(device_pages) * self.bytes_per_page, []
+
+
+class ObjectSet(set[str]):
+    """The object keys a `MemoryL3` holds: a plain set that counts the calls that can take keys
+    out of it, so the store's cache of whole pages (which only additions keep true) knows when to
+    forget."""
+
+    removals: int = 0
+
+    def _removed(self) -> None:
+        self.removals += 1
+
+    def discard(self, element: object) -> None:
+        self._removed()
+        super().discard(element)
+
+    def remove(self, element: str) -> None:
+        self._removed()
+        super().remove(element)
+
+    def pop(self) -> str:
+        self._removed()
+        return super().pop()
+
+    def clear(self) -> None:
+        self._removed()
+        super().clear()
+
+    def difference_update(self, *others: Iterable[Any]) -> None:
+        self._removed()
+        super().difference_update(*others)
+
+    def intersection_update(self, *others: Iterable[Any]) -> None:
+        self._removed()
+        super().intersection_update(*others)
+
+    def symmetric_difference_update(self, other: Iterable[str]) -> None:
+        self._removed()
+        super().symmetric_difference_update(other)
+
+    def __isub__(self, other: AbstractSet[object]) -> Self:
+        self._removed()
+        return super().__isub__(other)
+
+    def __iand__(self, other: AbstractSet[object]) -> Self:
+        self._removed()
+        return super().__iand__(other)
+
+    def __ixor__(self, other: AbstractSet[str]) -> Self:  # type: ignore[override,misc]
+        self._removed()
+        return super().__ixor__(other)
 
 
 class MemoryL3:
@@ -104,10 +164,30 @@ class MemoryL3:
         self.bytes_per_page = bytes_per_page
         # Simulated seconds per page read (virtual time, nothing sleeps): shows the stop policies.
         self.read_latency_s = read_latency_s
-        self.objects: set[str] = set()
+        # Per rank, the storage keys of pages seen with every object present: a lookup (which
+        # asks for every page past the local match, on every request) is then one set probe per
+        # page. Only additions keep it true: it is dropped when `objects` loses anything.
+        self._whole_pages: list[set[str]] = [set() for _ in schemes]
+        self._removals_seen = 0
+        self.objects = ObjectSet()
         self.pools = tuple(pools)
         self.side_object_bytes = side_object_bytes
         self._side = side_layout(schemes, self.pools)
+
+    @property
+    def objects(self) -> ObjectSet:
+        """Every object key the store holds (the one truth; tests and diagnostics may edit it)."""
+        return self._objects
+
+    @objects.setter
+    def objects(self, keys: Iterable[str]) -> None:
+        self._objects = ObjectSet(keys)
+        self._forget_whole_pages()
+
+    def _forget_whole_pages(self) -> None:
+        for pages in self._whole_pages:
+            pages.clear()
+        self._removals_seen = self._objects.removals
 
     def lookup(self, storage_keys: list[str]) -> LoadablePrefix:
         if not self.pools:
@@ -115,10 +195,10 @@ class MemoryL3:
             return kv_only(hits)
         contains = self.objects.__contains__
 
-        def presence(scheme: ObjectKeyScheme, side: dict[str, list[str]]):
+        def presence(scheme: ObjectKeyScheme, side: dict[str, list[str]]) -> PagePresence:
             prefix = scheme.prefix
 
-            def exists(pool, pages: int) -> list[bool]:
+            def exists(pool: PoolSpec | None, pages: int) -> list[bool]:
                 suffixes = scheme.suffixes if pool is None else side[pool.name]
                 return [all(contains(prefix + key + s) for s in suffixes) for key in storage_keys[:pages]]
 
@@ -130,41 +210,58 @@ class MemoryL3:
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
         # SGLang asks in batches of policy.STORAGE_BATCH_PAGES and stops at the first short batch,
         # which ends the count at the same page as one pass: the leading pages whose objects all
-        # exist. Every object is looked up in one C-level pass (this runs for every page queried).
+        # exist. Pages known whole are one C-level pass; from the first other page on, each page's
+        # objects are looked up until one is missing.
+        if self._objects.removals != self._removals_seen:
+            self._forget_whole_pages()
+        contains = self._objects.__contains__
         hits = []
-        contains = self.objects.__contains__
-        for scheme in self.schemes:
-            prefix, suffixes = scheme.prefix, scheme.suffixes
-            wanted = [prefix + key + suffix for key in storage_keys for suffix in suffixes]
-            present = list(map(contains, wanted))
+        for scheme, whole in zip(self.schemes, self._whole_pages, strict=True):
+            known = list(map(whole.__contains__, storage_keys))
             try:
-                hits.append(present.index(False) // len(suffixes))
+                page = known.index(False)
             except ValueError:
                 hits.append(len(storage_keys))
+                continue
+            prefix, suffixes = scheme.prefix, scheme.suffixes
+            while page < len(storage_keys):
+                key = storage_keys[page]
+                if not known[page]:
+                    if not all(contains(prefix + key + suffix) for suffix in suffixes):
+                        break
+                    whole.add(key)
+                page += 1
+            hits.append(page)
         return hits
 
-    def write(self, storage_keys, host_pages) -> tuple[list[bool], WriteOutcome]:
+    def write(self, storage_keys: list[str], host_pages: list[int]) -> tuple[list[bool], WriteOutcome]:
+        if self._objects.removals != self._removals_seen:
+            self._forget_whole_pages()
         outcome = WriteOutcome()
-        objects = self.objects
-        for scheme in self.schemes:
-            for obj in scheme.all_object_keys(storage_keys):
-                if obj in objects:
-                    outcome.skipped += 1
-                else:
-                    objects.add(obj)
-                    outcome.written += 1
+        objects = self._objects
+        for scheme, whole in zip(self.schemes, self._whole_pages, strict=True):
+            prefix, suffixes = scheme.prefix, scheme.suffixes
+            for key in storage_keys:
+                for suffix in suffixes:
+                    obj = prefix + key + suffix
+                    if obj in objects:
+                        outcome.skipped += 1
+                    else:
+                        objects.add(obj)
+                        outcome.written += 1
+                whole.add(key)
         outcome.nbytes = len(storage_keys) * self.bytes_per_page
-        for obj in side_object_keys(self.schemes, self._side, self.pools, storage_keys):
-            if obj["key"] in objects:
+        for side in side_object_keys(self.schemes, self._side, self.pools, storage_keys):
+            if side["key"] in objects:
                 outcome.skipped += 1
             else:
-                objects.add(obj["key"])
+                objects.add(side["key"])
                 outcome.written += 1
                 outcome.side_written += 1
                 outcome.nbytes += self.side_object_bytes
         return [True] * len(storage_keys), outcome
 
-    def read(self, storage_keys, host_pages) -> ReadOutcome:
+    def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
         n = len(storage_keys)
         latency = self.read_latency_s
         done_at = [(i + 1) * latency for i in range(n)] if latency else [latency] * n
@@ -176,10 +273,15 @@ def side_layout(schemes: list[ObjectKeyScheme], pools: tuple[PoolSpec, ...]) -> 
     return [{pool.name: pool_suffixes(pool, scheme) for pool in pools} for scheme in schemes]
 
 
-def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_keys: list[str]) -> list[dict[str, Any]]:
+def side_object_keys(
+    schemes: list[ObjectKeyScheme],
+    side: list[dict[str, list[str]]],
+    pools: tuple[PoolSpec, ...],
+    storage_keys: list[str],
+) -> list[dict[str, Any]]:
     """The side-pool objects one node's L3 backup writes: per writing rank and pool, the pages the
     pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "page_key", "suffix"}."""
-    out = []
+    out: list[dict[str, Any]] = []
     for scheme, suffixes in zip(schemes, side, strict=True):
         for pool in pools:
             if not writes_side_pool(scheme.version, scheme, pool):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from typing import Any
+from typing import Any, cast
 
 from hicache_ops.sglang.versions import V0_5_14
 
@@ -48,7 +48,9 @@ class Node:
         self.keys = keys
         self.storage_keys = storage_keys
         self.depth = depth  # page index of the node's first page within its prompt
-        self.parent = parent
+        # The root's is None and never read (the root is never refreshed, split, dropped or
+        # deleted); every other node's is a node.
+        self.parent: Node = cast(Node, parent)
         self.children: dict[str, Node] = {}
         self.device: list[int] | None = None
         self.host: list[int] | None = None
@@ -152,8 +154,8 @@ class RadixTree:
         # when a node becomes a candidate. A node's priority only grows (stamps and hit counts
         # increase), so an entry is at most its node's priority: a popped entry that is stale is
         # pushed again with the current one, and one whose node left the set is dropped.
-        self._device_heap: list[tuple[tuple, Node]] = []
-        self._host_heap: list[tuple[tuple, Node]] = []
+        self._device_heap: list[tuple[tuple[Any, ...], Node]] = []
+        self._host_heap: list[tuple[tuple[Any, ...], Node]] = []
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
         self.duplicates: dict[int, Node] = {}
         # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
@@ -166,24 +168,28 @@ class RadixTree:
         """Put `node` in or out of the eviction candidate sets after a change to it or its children."""
         if node is self.root:
             return
-        if node.device is not None and not node.lock_ref and not node.device_children:
-            if node not in self.device_leaves:
-                self.device_leaves.add(node)
-                heappush(self._device_heap, (self.priority(node), node))
-        else:
-            self.device_leaves.discard(node)
-        if (
-            node.device is None
-            and node.host is not None
-            and not node.lock_ref
-            and not node.host_ref
-            and not (node.children if self._childless_host_leaves else node.host_children)
-        ):
-            if node not in self.host_leaves:
-                self.host_leaves.add(node)
-                heappush(self._host_heap, (self.priority(node), node))
-        else:
+        # Hot (several calls per request): one branch on the device copy, then the two tests.
+        if node.device is not None:
             self.host_leaves.discard(node)
+            leaves = self.device_leaves
+            if node.lock_ref or node.device_children:
+                leaves.discard(node)
+            elif node not in leaves:
+                leaves.add(node)
+                heappush(self._device_heap, (self.priority(node), node))
+            return
+        self.device_leaves.discard(node)
+        leaves = self.host_leaves
+        if (
+            node.host is None
+            or node.lock_ref
+            or node.host_ref
+            or (node.children if self._childless_host_leaves else node.host_children)
+        ):
+            leaves.discard(node)
+        elif node not in leaves:
+            leaves.add(node)
+            heappush(self._host_heap, (self.priority(node), node))
 
     def touch(self, nodes: list[Node]) -> None:
         """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
@@ -241,6 +247,7 @@ class RadixTree:
 
     def _drop_device(self, node: Node) -> list[int]:
         pages, node.device = node.device, None
+        assert pages is not None  # callers drop a copy the node has
         if node.lock_ref:
             self.protected_pages -= len(pages)
         node.parent.device_children -= 1
@@ -251,6 +258,7 @@ class RadixTree:
 
     def _drop_host(self, node: Node) -> list[int]:
         pages, node.host = node.host, None
+        assert pages is not None  # callers drop a copy the node has
         node.parent.host_children -= 1
         self.duplicates.pop(node.id, None)
         self._refresh(node)
@@ -268,7 +276,7 @@ class RadixTree:
 
     # -- structure ------------------------------------------------------------------------------
 
-    def _new_node(self, keys, storage_keys, depth, parent) -> Node:
+    def _new_node(self, keys: list[str], storage_keys: list[str], depth: int, parent: Node) -> Node:
         node = Node(next(self._ids), keys, storage_keys, depth, parent)
         parent.children[keys[0]] = node
         return node
@@ -403,7 +411,7 @@ class RadixTree:
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
 
-    def _pop_candidate(self, heap: list, members: set[Node]) -> Node | None:
+    def _pop_candidate(self, heap: list[tuple[tuple[Any, ...], Node]], members: set[Node]) -> Node | None:
         """The candidate of `members` first in policy order, off `heap` (lazy: see __init__)."""
         priority = self.priority
         if len(heap) > 2 * len(members) + 64:  # mostly dead entries: rebuild

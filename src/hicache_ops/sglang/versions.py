@@ -11,6 +11,7 @@ HiRadixCache releases), 0.5.23's from 0.5.19 (the UnifiedRadixCache releases).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -41,8 +42,10 @@ UNIFIED_TREE_SINCE = "0.5.19"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.?post(\d+))?(?:[.+-].*)?$")
 
 
+@functools.lru_cache(maxsize=256)
 def parse(version: str) -> tuple[int, int, int, int]:
-    """(major, minor, micro, post) of a release string such as 0.5.15.post1; InputError otherwise."""
+    """(major, minor, micro, post) of a release string such as 0.5.15.post1; InputError otherwise.
+    Memoized (the engine asks it on every request); a refused string raises each time."""
     match = _VERSION.match(str(version).strip())
     if match is None:
         raise InputError(
@@ -106,8 +109,10 @@ def resolve_version(version: str, *, reason: str = "--sglang-version") -> Versio
     )
 
 
+@functools.lru_cache(maxsize=256)
 def validate_version(version: str) -> str:
-    """The release whose rules apply to `version` (see resolve_version); InputError if refused."""
+    """The release whose rules apply to `version` (see resolve_version); InputError if refused.
+    Memoized: the engine asks it on every request, and the answer depends on the string alone."""
     return resolve_version(version).version
 
 

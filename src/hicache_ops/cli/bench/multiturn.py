@@ -28,6 +28,9 @@ from hicache_ops.cli.common.options import (
 from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
 from hicache_ops.errors import InputError
 
+# The default write policy, a member of the option's choices.
+WRITE_THROUGH = WritePolicy("write_through")
+
 EXAMPLES = examples(
     "hicache bench multiturn --accounting-only --hicache-write-policy write_back --json",
     "hicache bench multiturn --serve http://127.0.0.1:18080 --clients 4 --rounds 5 --new-tokens 256 --concurrency 4",
@@ -241,7 +244,7 @@ def multiturn(
         ),
     ] = None,
     hicache_ratio: HicacheRatioOption = 2.0,
-    write_policy: WritePolicyOption = WritePolicy.write_through,
+    write_policy: WritePolicyOption = WRITE_THROUGH,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random token ids.", metavar="N")] = 20260626,
     accounting_only: Annotated[
         bool,
@@ -304,12 +307,12 @@ def multiturn(
             page_size=page_size,
             l1_tokens=l1_tokens,
             l1_rounds=l1_rounds,
-            hicache_ratio=hicache_ratio,
-            write_policy=write_policy.value,
+            hicache_ratio=2.0 if hicache_ratio is None else hicache_ratio,
+            write_policy=str(value_of(write_policy)),
             seed=seed,
             accounting_only=accounting_only,
             sglang_version=value_of(sglang_version) or default_version(),
-            preset=preset,
+            preset=preset or "tiny",
             concurrency=concurrency,
         ).validate()
         if serve is not None:

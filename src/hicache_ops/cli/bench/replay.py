@@ -23,9 +23,12 @@ from hicache_ops.cli.common.options import (
     check_plot_path,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
 from hicache_ops.errors import InputError
 from hicache_ops.units import format_bytes
+
+# The default write policy, a member of the option's choices.
+WRITE_THROUGH = WritePolicy("write_through")
 
 EXAMPLES = examples(
     "hicache bench replay trace.jsonl --l1-tokens 3000000 --l2-tokens 0 --l3 none",
@@ -70,17 +73,8 @@ def _render(data: dict, stopped_by: str | None = None) -> None:
         table = Table(
             title="hit rate per tier (cached / prompt tokens)", title_justify="left", show_edge=False, pad_edge=False
         )
-        for name, justify in (
-            ("tier", "left"),
-            ("tokens", "right"),
-            ("bytes", "right"),
-            ("cached", "right"),
-            ("hit", "right"),
-            ("evicted", "right"),
-            ("in", "right"),
-            ("out", "right"),
-        ):
-            table.add_column(name, justify=justify, no_wrap=True)
+        for name in ("tier", "tokens", "bytes", "cached", "hit", "evicted", "in", "out"):
+            table.add_column(name, justify="left" if name == "tier" else "right", no_wrap=True)
         for tier, label in (("l1", "L1"), ("l2", "L2"), ("l3", "L3")):
             row = data["tiers"][tier]
             if row["capacity_tokens"] == 0:
@@ -226,7 +220,7 @@ def replay(
         ),
     ] = "unbounded",
     page_size: PageSizeOption = 64,
-    write_policy: WritePolicyOption = WritePolicy.write_through,
+    write_policy: WritePolicyOption = WRITE_THROUGH,
     preset: PresetOption = "llama-3.1-8b",
     sweep: Annotated[
         tuple[str, str] | None,
@@ -252,7 +246,7 @@ def replay(
     """
     with reporting(json_output):
         from hicache_ops import interrupt
-        from hicache_ops.commands.bench.replay import TIERS, ReplaySpec, parse_l3
+        from hicache_ops.commands.bench.replay import DEFAULT_PRESET, TIERS, ReplaySpec, parse_l3
         from hicache_ops.commands.bench.replay_plot import plot_sweep
         from hicache_ops.commands.bench.replay_report import parse_sweep, run_report
         from hicache_ops.commands.bench.replay_trace import load_trace
@@ -272,20 +266,20 @@ def replay(
             l2_tokens=l2_tokens,
             hicache_ratio=hicache_ratio,
             l3=parse_l3(l3),
-            write_policy=write_policy.value,
+            write_policy=str(value_of(write_policy)),
             sglang_version=value_of(sglang_version) or default_version(),
-            preset=preset,
+            preset=preset or DEFAULT_PRESET,
         )
         if tier is None:  # a sweep validates each of its configurations
             spec.validate()
-        capacities = parse_sweep(sweep_range, page_size) if tier else None
+        capacities = parse_sweep(sweep_range, page_size) if tier is not None and sweep_range is not None else None
         loaded = load_trace(trace, trace_format, limit)
         with interrupt.stop_on_signals():
             report = run_report(spec, loaded, sweep_tier=tier, capacities=capacities, progress=_Progress(not quiet))
             stopped_by = interrupt.reason() if interrupt.requested() else None  # cleared when the block ends
-        data = report.to_json()
+        result = report.result()
         if plot is not None:
-            data["plot"] = plot_sweep(data, plot)
-        emit(data, json_output, lambda d: _render(d, stopped_by))
+            result.plot = plot_sweep(json_data(result), plot)
+        emit(result, json_output, lambda r: _render(json_data(r), stopped_by))
         if report.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)

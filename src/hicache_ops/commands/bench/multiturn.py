@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench.multiturn_config_run import ConfigRun, Progress, run_config
 from hicache_ops.commands.bench.multiturn_workers import available_cpus, run_parallel
-from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS, MultiturnSpec, workload_tokens
+from hicache_ops.commands.bench.multiturn_workload import (
+    CONFIGS,
+    LABELS,
+    MultiturnSpec,
+    MultiturnWorkload,
+    workload_tokens,
+)
 from hicache_ops.errors import InputError
 from hicache_ops.results import Result
 
@@ -87,7 +94,7 @@ class MultiturnResult:
         spec = self.spec
         rounds = []
         for r in range(self.rounds_reported):
-            entry = {
+            entry: dict[str, Any] = {
                 "round": r,
                 "prompt_tokens": self.prompt_tokens(r),
                 "ceiling": spec.ceiling(r),
@@ -134,7 +141,7 @@ class MultiturnResult:
             }
         return MultiturnReport(
             mode=self.mode,
-            workload=spec.to_json(),
+            workload=spec.workload(),
             pools={
                 "device_pages": spec.device_pages,
                 "device_tokens": spec.device_tokens,
@@ -163,7 +170,9 @@ class MultiturnReport(Result):
     omit_if_none = ("plot",)
 
     mode: str = Field(description="`accounting` (the engine's bookkeeping only) or `real` (bytes moved)")
-    workload: dict = Field(description="the workload: clients, rounds, new and output tokens, page size, seed, ...")
+    workload: MultiturnWorkload = Field(
+        description="the workload: clients, rounds, new and output tokens, page size, seed, ..."
+    )
     pools: dict = Field(description="L1 and L2 sizes in pages and tokens, hicache_ratio, write_policy")
     rounds: list[dict] = Field(
         description="per round: `round`, `prompt_tokens`, `ceiling`, `ceiling_paged`, each configuration's hit "

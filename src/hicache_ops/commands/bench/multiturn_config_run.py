@@ -150,6 +150,7 @@ def run_config(
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         waves = WaveStats()
+        keys: dict[int, tuple[list[str], list[str]]] = {}  # per client: its last prompt's page keys
         for r in range(spec.rounds):
             if stop():
                 run.interrupted = True
@@ -157,7 +158,7 @@ def run_config(
             end = (r + 1) * turn
             prompt_end = end - spec.output_tokens
             device = host = storage = 0
-            for result in _serve_round(cache, spec, tokens, prompt_end, end, waves):
+            for result in _serve_round(cache, spec, tokens, prompt_end, end, waves, keys):
                 device += result.device_hit
                 host += result.host_hit
                 storage += result.storage_hit
@@ -181,13 +182,29 @@ def run_config(
     return run
 
 
-def _serve_round(cache, spec: MultiturnSpec, tokens: np.ndarray, prompt_end: int, end: int, waves: WaveStats):
-    """One round's requests: one at a time, or in waves of `concurrency` clients arriving together."""
+def _serve_round(
+    cache,
+    spec: MultiturnSpec,
+    tokens: np.ndarray,
+    prompt_end: int,
+    end: int,
+    waves: WaveStats,
+    keys: dict[int, tuple[list[str], list[str]]],
+) -> list:
+    """One round's requests: one at a time, or in waves of `concurrency` clients arriving together.
+
+    One at a time, a client's prompt extends its previous one, so its page keys continue that
+    prompt's (`keys`, updated here): each round hashes only its new pages, as the same keys."""
     clients = range(spec.clients)
     if spec.output_tokens == 0:  # nothing is generated: the prompt alone
         return [cache.prefill(tokens[c, :prompt_end]) for c in clients]
     if spec.concurrency is None:
-        return [cache.request(tokens[c, :prompt_end], tokens[c, prompt_end:end]) for c in clients]
+        out = []
+        for c in clients:
+            prompt = tokens[c, :prompt_end]
+            keys[c] = cache.keys_for(prompt, None, None, known=keys.get(c))
+            out.append(cache.request(prompt, tokens[c, prompt_end:end], known_keys=keys[c]))
+        return out
     out = []
     for first in range(0, spec.clients, spec.concurrency):
         wave = [(tokens[c, :prompt_end], tokens[c, prompt_end:end]) for c in clients[first : first + spec.concurrency]]

@@ -11,13 +11,20 @@ Pure library: no typer, no rich.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hicache_ops import interrupt
 from hicache_ops.commands.bench.multiturn_config_run import ConfigRun, Progress, run_config
 from hicache_ops.commands.bench.multiturn_workload import MultiturnSpec
 from hicache_ops.errors import HicacheError
 
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, ForkProcess, SpawnContext, SpawnProcess
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Event
 
-def _worker(spec: MultiturnSpec, config: str, queue, stop) -> None:
+
+def _worker(spec: MultiturnSpec, config: str, queue: Queue[Any], stop: Event) -> None:
     """Child process: run one configuration, report progress and the result on `queue`; the
     parent's `stop` event, or a SIGTERM of its own, ends it after the round in progress."""
     import signal
@@ -51,7 +58,9 @@ class _WorkerError(HicacheError):
         self.code = {2: "input_error", 3: "unreachable"}.get(exit_code, "error")
 
 
-def run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, progress: Progress | None) -> dict:
+def run_parallel(
+    spec: MultiturnSpec, configs: tuple[str, ...], workers: int, progress: Progress | None
+) -> dict[str, ConfigRun]:
     """Each configuration in its own process (they share nothing); at most `workers` at a time."""
     import multiprocessing as mp
     import queue as queue_mod
@@ -61,11 +70,11 @@ def run_parallel(spec: MultiturnSpec, configs: tuple[str, ...], workers: int, pr
     import threading
 
     single = threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if single else "spawn")
-    queue = ctx.Queue()
+    ctx: SpawnContext | ForkContext = mp.get_context("fork") if single else mp.get_context("spawn")
+    queue: Queue[Any] = ctx.Queue()
     stop = ctx.Event()
     pending = list(configs)
-    running: dict[str, object] = {}
+    running: dict[str, SpawnProcess | ForkProcess] = {}
     runs: dict[str, ConfigRun] = {}
     try:
         while pending or running:

@@ -21,8 +21,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field
 
 from hicache_ops.errors import InputError
+from hicache_ops.results import Result
 from hicache_ops.sglang.versions import NEWEST, validate_version
 
 CONFIGS: tuple[str, ...] = ("l1", "l1_l2", "l1_l2_l3")
@@ -201,19 +203,35 @@ class MultiturnSpec:
             "l1_l2_l3": None,
         }
 
-    def to_json(self) -> dict:
-        return {
-            "clients": self.clients,
-            "rounds": self.rounds,
-            "new_tokens": self.new_tokens,
-            "output_tokens": self.output_tokens,
-            "page_size": self.page_size,
-            "seed": self.seed,
-            "vocab_size": VOCAB_SIZE,
-            "sglang_version": self.sglang_version,
-            "preset": self.preset,
-            "concurrency": self.concurrency,
-        }
+    def workload(self) -> MultiturnWorkload:
+        """The workload as `bench multiturn --json` states it."""
+        return MultiturnWorkload(
+            clients=self.clients,
+            rounds=self.rounds,
+            new_tokens=self.new_tokens,
+            output_tokens=self.output_tokens,
+            page_size=self.page_size,
+            seed=self.seed,
+            vocab_size=VOCAB_SIZE,
+            sglang_version=self.sglang_version,
+            preset=self.preset,
+            concurrency=self.concurrency,
+        )
+
+
+class MultiturnWorkload(Result):
+    """The workload of a `bench multiturn` run."""
+
+    clients: int = Field(description="conversations, each with its own history")
+    rounds: int = Field(description="turns per conversation")
+    new_tokens: int = Field(description="new question tokens per turn")
+    output_tokens: int = Field(description="answer tokens per turn")
+    page_size: int = Field(description="tokens per page")
+    seed: int = Field(description="seed of the random token ids")
+    vocab_size: int = Field(description="token ids are drawn below this")
+    sglang_version: str = Field(description="the SGLang release whose rules apply")
+    preset: str = Field(description="the model geometry behind the byte counts")
+    concurrency: int | None = Field(description="clients whose requests arrive together; `null`: one at a time")
 
 
 def workload_tokens(spec: MultiturnSpec) -> np.ndarray:

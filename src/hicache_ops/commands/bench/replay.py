@@ -26,13 +26,21 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
 from hicache_ops.commands.bench.replay_trace import TokenSource, Trace
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.hit_policy import kv_only
+from hicache_ops.results import Result
+from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only
 from hicache_ops.sglang.versions import NEWEST, validate_version
+
+if TYPE_CHECKING:
+    from hicache_ops.engine.planes import ReadOutcome, WriteOutcome
+    from hicache_ops.sglang.page_keys import ObjectKeyScheme
 
 TIERS: tuple[str, ...] = ("l1", "l2", "l3")
 TIER_LABELS: dict[str, str] = {"l1": "L1 (device)", "l2": "L2 (host)", "l3": "L3 (Mooncake)"}
@@ -177,17 +185,6 @@ class ReplaySpec:
             return int(self.device_tokens * self.ratio)
         return self.device_tokens
 
-    def to_json(self) -> dict:
-        return {
-            "page_size": self.page_size,
-            "l1_tokens": self.device_tokens,
-            "hicache_ratio": None if not self.enable_l2 else self.ratio,
-            "l3": self.l3,
-            "write_policy": self.write_policy,
-            "sglang_version": self.sglang_version,
-            "preset": self.preset,
-        }
-
 
 # ---------------------------------------------------------------------------------------------
 # A bounded L3 that evicts as Mooncake's master does
@@ -212,7 +209,7 @@ class MooncakeEvictingL3:
     The engine's `L3Tier` interface: lookup (no side pools), contiguous_hits, write, read.
     """
 
-    def __init__(self, schemes, bytes_per_page: int, capacity_pages: int):
+    def __init__(self, schemes: list[ObjectKeyScheme], bytes_per_page: int, capacity_pages: int):
         self.schemes = schemes
         self.bytes_per_page = bytes_per_page
         self.capacity = capacity_pages
@@ -263,7 +260,7 @@ class MooncakeEvictingL3:
         leased[key] = self.now_ms + MOONCAKE_LEASE_TTL_MS
         return True
 
-    def lookup(self, storage_keys: list[str]):
+    def lookup(self, storage_keys: list[str]) -> LoadablePrefix:
         return kv_only(self.contiguous_hits(storage_keys))
 
     def contiguous_hits(self, storage_keys: list[str]) -> list[int]:
@@ -274,7 +271,7 @@ class MooncakeEvictingL3:
             count += 1
         return [count] * len(self.schemes)
 
-    def write(self, storage_keys, host_pages):
+    def write(self, storage_keys: list[str], host_pages: list[int]) -> tuple[list[bool], WriteOutcome]:
         from hicache_ops.engine.planes import WriteOutcome
 
         outcome = WriteOutcome()
@@ -295,7 +292,7 @@ class MooncakeEvictingL3:
                 ok.append(False)
         return ok, outcome
 
-    def read(self, storage_keys, host_pages):
+    def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
         from hicache_ops.engine.planes import ReadOutcome
 
         present = []
@@ -359,7 +356,7 @@ class ReplayRun:
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def tiers_json(self, bytes_per_token: int) -> dict:
+    def tiers(self, bytes_per_token: int) -> ReplayTiers:
         s = self.stats
         moved = {  # (bytes written into the tier, bytes read out of it)
             "l1": (s["bytes_h2d"], s["bytes_d2h"]),
@@ -367,7 +364,7 @@ class ReplayRun:
             "l3": (s["bytes_l3_write"], s["bytes_l3_read"]),
         }
         evictions = {"l1": s["device_evictions"], "l2": s["host_evictions"], "l3": self.l3_evictions}
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for tier in TIERS:
             capacity = self.pools[tier]
             out[tier] = {
@@ -379,8 +376,37 @@ class ReplayRun:
                 "bytes_written": moved[tier][0],
                 "bytes_read": moved[tier][1],
             }
-        out["l3"]["failed_puts"] = self.l3_failed_puts
-        return out
+        return ReplayTiers(
+            l1=TierFigures(**out["l1"]),
+            l2=TierFigures(**out["l2"]),
+            l3=L3Figures(**out["l3"], failed_puts=self.l3_failed_puts),
+        )
+
+
+class TierFigures(Result):
+    """One tier of a `bench replay` run."""
+
+    capacity_tokens: int | None = Field(description="the tier's size in tokens; `null`: unbounded, 0: none")
+    capacity_bytes: int | None = Field(description="the tier's size in KV bytes of the preset; `null`: unbounded")
+    cached_tokens: int = Field(description="prompt tokens this tier served")
+    hit_rate: float = Field(description="cached_tokens / prompt tokens")
+    evictions: int = Field(description="pages evicted from the tier")
+    bytes_written: int = Field(description="KV bytes moved into the tier")
+    bytes_read: int = Field(description="KV bytes moved out of the tier")
+
+
+class L3Figures(TierFigures):
+    """The L3 tier of a `bench replay` run."""
+
+    failed_puts: int = Field(description="pages whose put found no space (a bounded L3)")
+
+
+class ReplayTiers(Result):
+    """`bench replay`'s figures per tier."""
+
+    l1: TierFigures = Field(description="L1, the device pool")
+    l2: TierFigures = Field(description="L2, the host pool")
+    l3: L3Figures = Field(description="L3, the simulated Mooncake store")
 
 
 def check_fits(spec: ReplaySpec, trace: Trace) -> None:

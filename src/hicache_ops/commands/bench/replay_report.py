@@ -10,11 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pydantic import Field
+
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
-from hicache_ops.commands.bench.replay import Progress, ReplayRun, ReplaySpec, check_fits, replay
+from hicache_ops.commands.bench.replay import Progress, ReplayRun, ReplaySpec, ReplayTiers, check_fits, replay
 from hicache_ops.commands.bench.replay_trace import TokenSource, Trace
 from hicache_ops.errors import InputError
+from hicache_ops.results import Result
 
 MAX_SWEEP_STEPS = 50
 
@@ -38,8 +41,82 @@ def parse_sweep(text: str, page_size: int) -> list[int]:
     return points
 
 
-# Sweep-point fields the top level states elsewhere (trace, baseline, wall_s).
-_POINT_ONLY = ("capacity_tokens", "baseline_hit_rate", "requests", "prompt_tokens", "elapsed_s")
+class ReplayTrace(Result):
+    """The trace a `bench replay` ran."""
+
+    path: str = Field(description="the trace file")
+    format: str = Field(description="`mooncake` (hash_ids) or `tokens` (input_ids)")
+    requests: int = Field(description="requests in the file (after --limit)")
+    requests_replayed: int = Field(description="requests replayed (fewer when stopped)")
+    prompt_tokens: int = Field(description="prompt tokens of the requests replayed")
+    span_s: float = Field(description="seconds from the first request's timestamp to the last's")
+
+
+class ReplayConfig(Result):
+    """The configuration a `bench replay` ran (a sweep: the swept tier at its first capacity)."""
+
+    page_size: int = Field(description="tokens per page")
+    l1_tokens: int = Field(description="the device pool in tokens (whole pages)")
+    hicache_ratio: float | None = Field(description="host pool / device pool; `null` without L2")
+    l3: str | int = Field(description="`none`, `unbounded` or a capacity in tokens")
+    write_policy: str = Field(description="SGLang's --hicache-write-policy")
+    sglang_version: str = Field(description="the SGLang release whose rules apply")
+    preset: str = Field(description="the model geometry behind the byte counts")
+    bytes_per_token: int = Field(description="KV bytes per token of the preset")
+    mode: str = Field(description="`accounting`: bytes counted, none moved")
+    l3_eviction: str | None = Field(description="how a bounded L3 evicts; `null` when L3 is unbounded or none")
+
+
+class ReplayBaseline(Result):
+    """The published-style block LRU over the same requests."""
+
+    policy: str = Field(description="the baseline's rule")
+    capacity_tokens: int | None = Field(description="its one tier's size; `null`: unbounded, or a sweep")
+    hit_rate: float | None = Field(description="its hit rate at that capacity (a sweep: the last point's)")
+    evictions: int | None = Field(description="blocks it evicted")
+    unbounded_hit_rate: float = Field(description="its hit rate without a capacity")
+
+
+class ReplayPoint(Result):
+    """One capacity of a `--sweep`."""
+
+    capacity_tokens: int | None = Field(description="the swept tier's capacity in tokens")
+    hit_rate: float = Field(description="cached / prompt tokens, all tiers")
+    hit_rate_of_ceiling: float | None = Field(description="hit_rate / the unbounded ceiling")
+    cached_tokens: int = Field(description="prompt tokens served from a cache tier")
+    prefilled_tokens: int = Field(description="prompt tokens computed")
+    prefilled_tokens_saved: int = Field(description="prompt tokens not computed (= cached_tokens)")
+    tiers: ReplayTiers = Field(description="per tier: capacity, cached tokens, hit rate, evictions, bytes in and out")
+    baseline_hit_rate: float | None = Field(description="the block LRU at the same capacity")
+    requests: int = Field(description="requests replayed at this capacity")
+    prompt_tokens: int = Field(description="their prompt tokens")
+    elapsed_s: float = Field(description="seconds this capacity's replay took")
+    interrupted: bool = Field(description="a stop request ended this capacity's replay early")
+
+
+class ReplayResult(Result):
+    """`hicache bench replay --json`. A sweep's top-level figures are its last (largest) point's."""
+
+    omit_if_none = ("sweep", "points", "plot")
+
+    trace: ReplayTrace = Field(description="the trace: path, format, requests, those replayed, prompt tokens, span")
+    config: ReplayConfig = Field(description="page size, pools, write policy, release, preset, bytes per token, mode")
+    hit_rate: float = Field(description="cached / prompt tokens, all tiers")
+    hit_rate_of_ceiling: float | None = Field(description="hit_rate / ceiling_hit_rate; `null` when the ceiling is 0")
+    cached_tokens: int = Field(description="prompt tokens served from a cache tier")
+    prefilled_tokens: int = Field(description="prompt tokens computed")
+    prefilled_tokens_saved: int = Field(description="prompt tokens not computed (= cached_tokens)")
+    tiers: ReplayTiers = Field(description="per tier: capacity, cached tokens, hit rate, evictions, bytes in and out")
+    interrupted: bool = Field(description="a stop request ended the replay (or the sweep) early")
+    ceiling_hit_rate: float = Field(description="an unbounded cache with SGLang's page rules, same requests")
+    ceiling_cached_tokens: int = Field(description="prompt tokens that unbounded cache serves")
+    baseline: ReplayBaseline = Field(description="the published-style block LRU")
+    wall_s: float = Field(description="the run's wall-clock seconds")
+    replay_s: float = Field(description="seconds in the engine, all capacities")
+    reference_s: float = Field(description="seconds for the ceiling and the block LRU")
+    sweep: str | None = Field(None, description="with --sweep: the swept tier")
+    points: list[ReplayPoint] | None = Field(None, description="with --sweep: one entry per capacity, smallest first")
+    plot: str | None = Field(None, description="with --plot: the image written")
 
 
 @dataclass
@@ -58,69 +135,79 @@ class ReplayReport:
     def interrupted(self) -> bool:
         return self.stopped_between_runs or any(run.interrupted for run in self.runs)
 
-    def _point(self, run: ReplayRun, bytes_per_token: int) -> dict:
+    def _point(self, run: ReplayRun, bytes_per_token: int) -> ReplayPoint:
         prompt = run.prompt_tokens
         baseline = run.baseline
-        return {
-            "capacity_tokens": run.pools[self.sweep_tier] if self.sweep_tier else None,
-            "hit_rate": run.hit_rate,
-            "hit_rate_of_ceiling": run.hit_rate / self.ceiling.hit_rate if self.ceiling.hit_rate else None,
-            "cached_tokens": run.cached_tokens,
-            "prefilled_tokens": prompt - run.cached_tokens,
-            "prefilled_tokens_saved": run.cached_tokens,
-            "tiers": run.tiers_json(bytes_per_token),
-            "baseline_hit_rate": baseline.hit_rate if baseline else None,
-            "requests": run.requests,
-            "prompt_tokens": prompt,
-            "elapsed_s": run.elapsed_s,
-            "interrupted": run.interrupted,
-        }
+        return ReplayPoint(
+            capacity_tokens=run.pools[self.sweep_tier] if self.sweep_tier else None,
+            hit_rate=run.hit_rate,
+            hit_rate_of_ceiling=run.hit_rate / self.ceiling.hit_rate if self.ceiling.hit_rate else None,
+            cached_tokens=run.cached_tokens,
+            prefilled_tokens=prompt - run.cached_tokens,
+            prefilled_tokens_saved=run.cached_tokens,
+            tiers=run.tiers(bytes_per_token),
+            baseline_hit_rate=baseline.hit_rate if baseline else None,
+            requests=run.requests,
+            prompt_tokens=prompt,
+            elapsed_s=run.elapsed_s,
+            interrupted=run.interrupted,
+        )
 
-    def to_json(self) -> dict:
+    def result(self) -> ReplayResult:
         from hicache_ops.sglang.geometry import preset
 
-        geometry = preset(self.spec.preset)
-        bytes_per_token = geometry.bytes_per_token()
+        spec = self.spec
+        bytes_per_token = preset(spec.preset).bytes_per_token()
         last = self.runs[-1]
         first = self.runs[0]
         points = [self._point(run, bytes_per_token) for run in self.runs]
-        data = {
-            "trace": {
-                "path": self.trace.path,
-                "format": self.trace.format,
-                "requests": len(self.trace.requests),
-                "requests_replayed": last.requests,
-                "prompt_tokens": last.prompt_tokens,
-                "span_s": (self.trace.requests[-1].timestamp - self.trace.requests[0].timestamp) / 1000,
-            },
-            "config": {
-                **self.spec.to_json(),
-                "bytes_per_token": bytes_per_token,
-                "mode": "accounting",
-                "l3_eviction": "mooncake master: lease-expired objects, oldest lease first, above a 0.90 watermark"
-                if isinstance(self.spec.l3, int)
+        top = points[-1]  # one configuration: its figures; a sweep: the largest capacity's (the last point)
+        requests = self.trace.requests
+        return ReplayResult(
+            trace=ReplayTrace(
+                path=self.trace.path,
+                format=self.trace.format,
+                requests=len(requests),
+                requests_replayed=last.requests,
+                prompt_tokens=last.prompt_tokens,
+                span_s=(requests[-1].timestamp - requests[0].timestamp) / 1000,
+            ),
+            config=ReplayConfig(
+                page_size=spec.page_size,
+                l1_tokens=spec.device_tokens,
+                hicache_ratio=None if not spec.enable_l2 else spec.ratio,
+                l3=spec.l3,
+                write_policy=spec.write_policy,
+                sglang_version=spec.sglang_version,
+                preset=spec.preset,
+                bytes_per_token=bytes_per_token,
+                mode="accounting",
+                l3_eviction="mooncake master: lease-expired objects, oldest lease first, above a 0.90 watermark"
+                if isinstance(spec.l3, int)
                 else None,
-            },
-            # One configuration: its figures; a sweep: the largest capacity's (the last point).
-            **{k: v for k, v in points[-1].items() if k not in _POINT_ONLY},
-            "ceiling_hit_rate": self.ceiling.hit_rate,
-            "ceiling_cached_tokens": self.ceiling.cached_tokens,
-            "baseline": {
-                "policy": "block LRU, 512-token blocks, longest cached prefix",
-                "capacity_tokens": first.spec.baseline_capacity() if not self.sweep_tier else None,
-                "hit_rate": last.baseline.hit_rate if last.baseline else None,
-                "evictions": last.baseline.evictions if last.baseline else None,
-                "unbounded_hit_rate": self.baseline_unbounded.hit_rate,
-            },
-            "wall_s": self.wall_s,
-            "replay_s": sum(run.elapsed_s for run in self.runs),
-            "reference_s": self.reference_s,
-            "interrupted": self.interrupted,
-        }
-        if self.sweep_tier:
-            data["sweep"] = self.sweep_tier
-            data["points"] = points
-        return data
+            ),
+            hit_rate=top.hit_rate,
+            hit_rate_of_ceiling=top.hit_rate_of_ceiling,
+            cached_tokens=top.cached_tokens,
+            prefilled_tokens=top.prefilled_tokens,
+            prefilled_tokens_saved=top.prefilled_tokens_saved,
+            tiers=top.tiers,
+            interrupted=self.interrupted,
+            ceiling_hit_rate=self.ceiling.hit_rate,
+            ceiling_cached_tokens=self.ceiling.cached_tokens,
+            baseline=ReplayBaseline(
+                policy="block LRU, 512-token blocks, longest cached prefix",
+                capacity_tokens=first.spec.baseline_capacity() if not self.sweep_tier else None,
+                hit_rate=last.baseline.hit_rate if last.baseline else None,
+                evictions=last.baseline.evictions if last.baseline else None,
+                unbounded_hit_rate=self.baseline_unbounded.hit_rate,
+            ),
+            wall_s=self.wall_s,
+            replay_s=sum(run.elapsed_s for run in self.runs),
+            reference_s=self.reference_s,
+            sweep=self.sweep_tier,
+            points=points if self.sweep_tier else None,
+        )
 
 
 def run_report(
@@ -134,7 +221,9 @@ def run_report(
     """One configuration, or one per capacity of `sweep_tier`; each with its block LRU beside it,
     and the ceiling and the unbounded block LRU once over the requests replayed."""
     t0 = time.perf_counter()
-    specs = [spec] if sweep_tier is None else [spec.with_tier(sweep_tier, c) for c in capacities]
+    if sweep_tier is not None and not capacities:
+        raise InputError("a sweep needs at least one capacity.")
+    specs = [spec] if sweep_tier is None else [spec.with_tier(sweep_tier, c) for c in capacities or ()]
     for s in specs:
         s.validate()
         check_fits(s, trace)
