@@ -61,7 +61,7 @@ _STYLE = {
 
 
 # The table names a status as the summary line does (JSON keeps the status itself).
-_LABEL = {"pending": "not reached", "no_page": "no page", "not_landed": "not landed"}
+_LABEL = {"pending": "not reached", "no_page": "no page", "not_landed": "not landed", "present": "already present"}
 
 # Problems first, so the rows a cut listing keeps are the ones worth reading.
 _ORDER = ("failed", "not_landed", "pending", "no_page", "written", "present")
@@ -81,16 +81,24 @@ def _verdict(data: dict) -> str:
     return f"[bold red]incomplete:[/] {missing} of {total} prompt(s) are not fully in L3."
 
 
+def _label(status: str, dry_run: bool) -> str:
+    if dry_run and status == "pending":
+        return "would write"
+    return _LABEL.get(status, status)
+
+
+def _counts(s: dict, dry_run: bool) -> str:
+    """The summary's counts, named as the table names them, zeros left out; pages and bytes in a
+    clause of their own (a line that wraps never ends on a separator)."""
+    counts = [f"{_label(status, dry_run)} {s[status]}" for status in _ORDER if s[status]] or ["none"]
+    return f"prompts: {', '.join(counts)} ({s['pages']} pages, {s['bytes']:,} bytes written)"
+
+
 def _render(data: dict, show_all: bool = False) -> None:
     stdout.print(f"warm {data['target']}" + (" (dry run)" if data["dry_run"] else ""))
     stdout.print(_verdict(data))
     s = data["summary"]
-    stdout.print(
-        f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
-        f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; "
-        f"{s['pages']} pages, {s['bytes']:,} bytes",
-        soft_wrap=False,
-    )
+    stdout.print(_counts(s, data["dry_run"]), soft_wrap=False)
     if data["error"]:
         stderr.print(
             f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.",
@@ -120,7 +128,7 @@ def _render(data: dict, show_all: bool = False) -> None:
             str(p["tokens"]),
             str(p["pages"]),
             str(p["objects"]),
-            f"[{_STYLE[p['status']]}]{_LABEL.get(p['status'], p['status'])}[/]",
+            f"[{_STYLE[p['status']]}]{_label(p['status'], data['dry_run'])}[/]",
             f"{p['bytes']:,}",
             note,
         )
