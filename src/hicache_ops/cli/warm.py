@@ -91,7 +91,8 @@ def _counts(s: dict, dry_run: bool) -> str:
     """The summary's counts, named as the table names them, zeros left out; pages and bytes in a
     clause of their own (a line that wraps never ends on a separator)."""
     counts = [f"{_label(status, dry_run)} {s[status]}" for status in _ORDER if s[status]] or ["none"]
-    return f"prompts: {', '.join(counts)} ({s['pages']} pages, {s['bytes']:,} bytes written)"
+    written = f", {s['bytes']:,} bytes written" if s["bytes"] else ""  # through SGLang: bytes not known
+    return f"prompts: {', '.join(counts)} ({s['pages']} pages{written})"
 
 
 def _render(data: dict, show_all: bool = False) -> None:

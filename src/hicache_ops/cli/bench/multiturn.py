@@ -315,7 +315,10 @@ def multiturn(
         if serve is not None:
             _over_http(spec, serve, timeout, quiet, json_output)
             return
-        with interrupt.stop_on_signals():
+        from hicache_ops.cli.common.output import native_stderr_to_file
+
+        # Each configuration's Mooncake client logs through glog on fd 2: to a log kept only on failure.
+        with interrupt.stop_on_signals(), native_stderr_to_file(None, "bench_multiturn_mooncake.log"):
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.result()
         if plot is not None:
