@@ -298,3 +298,39 @@ def test_dry_run_summary_and_table_say_would_write(serve, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "prompts: would write 1 (6 pages)" in proc.stdout
     assert "not reached" not in proc.stdout and "would write" in proc.stdout.split("┏", 1)[1]
+
+
+def _on_a_terminal(argv: list[str]) -> tuple[int, str, str]:
+    """Run `hicache ARGV` with stderr on a pseudo-terminal (as a user at a shell), stdout on a pipe."""
+    import pty
+    import subprocess
+
+    from serve_process import HICACHE
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [HICACHE, *argv], stdout=subprocess.PIPE, stderr=slave, text=True, env={**os.environ, "COLUMNS": "120"}
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = proc.stdout.read()
+    code = proc.wait(timeout=120)
+    os.close(master)
+    return code, out, seen.decode(errors="replace")
+
+
+def test_warm_and_prefetch_show_progress_with_an_eta_on_a_terminal(serve, tmp_path):
+    prompts = write_prompts(tmp_path / "bar.jsonl", 6, seed=11)
+    for command, head in (("warm", f"warm {serve.url}"), ("prefetch", f"prefetch through {serve.url}")):
+        code, out, terminal = _on_a_terminal([command, prompts, "--serve", serve.url])
+        assert code == 0, out + terminal
+        assert out.startswith(head), out  # the report itself stays on stdout, the bar on the terminal only
+        assert command in terminal and "eta" in terminal and "/6" in terminal, terminal

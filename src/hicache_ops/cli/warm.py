@@ -234,7 +234,7 @@ def warm(
         from hicache_ops.tokens import Tokenizer, read_prompts
 
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
-        with interrupt.stop_on_signals(), _progress(len(items), json_output) as advance:
+        with interrupt.stop_on_signals(), ProgressBar(len(items), json_output) as advance:
             if sglang_url is not None:
                 report = _warm_sglang(
                     items,
@@ -377,11 +377,15 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
         raise typer.Exit(1)
 
 
-class _progress:
-    """A progress bar on stderr (none in JSON mode); yields a callback per finished prompt."""
+class ProgressBar:
+    """A progress bar on stderr (none in JSON mode, none off a terminal): done of total, pages and MB
+    so far, elapsed and an ETA; yields a callback per finished prompt. `pages_of` / `bytes_of` read
+    them from what the callback is given (warm's outcome by default)."""
 
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet = total, quiet
+    def __init__(self, total: int, quiet: bool, label: str = "warm", pages_of=None, bytes_of=None):
+        self.total, self.quiet, self.label = total, quiet, label
+        self.pages_of = pages_of or (lambda outcome: outcome.pages)
+        self.bytes_of = bytes_of or (lambda outcome: outcome.bytes)
         self.pages = self.bytes = 0
 
     def __enter__(self):
@@ -390,7 +394,7 @@ class _progress:
         if self.quiet:
             return lambda outcome: None
         self.bar = Progress(
-            TextColumn("warm"),
+            TextColumn(self.label),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[pages]} pages {task.fields[mb]:.1f} MB"),
@@ -401,11 +405,11 @@ class _progress:
             transient=True,
         )
         self.bar.start()
-        self.task = self.bar.add_task("warm", total=self.total, pages=0, mb=0.0)
+        self.task = self.bar.add_task(self.label, total=self.total, pages=0, mb=0.0)
 
         def advance(outcome) -> None:
-            self.pages += outcome.pages
-            self.bytes += outcome.bytes
+            self.pages += self.pages_of(outcome)
+            self.bytes += self.bytes_of(outcome)
             self.bar.update(self.task, advance=1, pages=self.pages, mb=self.bytes / 1e6)
 
         return advance
