@@ -65,6 +65,15 @@ def create_app(runtime: Runtime) -> FastAPI:
     app = FastAPI(title="hicache serve", version="1")
     cache = runtime.cache
 
+    @app.middleware("http")
+    async def _namespace_markers(request: Request, call_next):
+        # After each request, before its reply: the namespaces it used are named on the master
+        # (server/namespaces.py), so another instance's playbook finds them.
+        response = await call_next(request)
+        if request.method == "POST":
+            await run_in_threadpool(runtime.publish_namespaces)
+        return response
+
     @app.exception_handler(CapacityError)
     async def _capacity(request: Request, err: CapacityError):
         return _error(413, err)

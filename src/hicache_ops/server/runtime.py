@@ -19,6 +19,7 @@ from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import parse_host_port
 from hicache_ops.server.api_counters import ApiCounters
+from hicache_ops.server.namespaces import NamespaceMarkers
 from hicache_ops.tokens import Tokenizer
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ class Runtime:
     cache: TieredCache | None = None
     l3_health: object | None = None
     started: dict = field(default_factory=dict)
+    namespace_markers: NamespaceMarkers = field(default_factory=NamespaceMarkers)
 
     def start(self) -> Runtime:
         try:
@@ -236,6 +238,17 @@ class Runtime:
             f"bring the Mooncake master at {health.metrics_address} back; the serve probes it every "
             f"{health.interval_s:g} s and L3 is up again as soon as it answers."
         )
+
+    def publish_namespaces(self) -> None:
+        """A marker on the master for each request namespace not marked yet (server/namespaces.py),
+        so that readers sharing the master can name it."""
+        cache = self.cache
+        if cache is None or self.store is None:
+            return
+        with cache.lock:
+            namespaces = list(cache.namespaces)
+        health = self.l3_health
+        self.namespace_markers.publish(namespaces, self.store, health is not None and health.down)
 
     def record_l3_error(self, message: str) -> None:
         if self.l3_health is not None:
