@@ -96,3 +96,23 @@ def test_bench_keys_interrupted_says_so_first():
     finished = re.fullmatch(r"interrupted after (\d+) of 100000 runs: the medians cover those runs", first)
     assert finished, out
     assert f"median of {finished.group(1)} interleaved runs" in out and "same keys    yes" in out
+
+
+MULTITURN = ["bench", "multiturn", "--accounting-only", "--clients", "16", "--rounds", "1000", "--new-tokens", "256",
+             "--output-tokens", "16", "--l1-rounds", "100", "--workers", "1"]  # fmt: skip
+
+
+def test_bench_multiturn_interrupted_says_so_first():
+    out, _ = _stop_after(MULTITURN, "rounds done", signal.SIGINT)
+    first = out.splitlines()[0]
+    assert first.startswith("interrupted after rounds L1 ") and "L1+L2+L3 not run" in first, out
+    assert first.endswith("the figures cover the rounds finished") and "prompt-token hit rate by round" in out
+
+
+def test_bench_store_interrupted_says_so_first():
+    out, _ = _stop_after(
+        ["bench", "store", "--case", "4x64K", "--case", "8x1M", "--repeats", "100000"], "put round 1/", signal.SIGINT
+    )
+    first = out.splitlines()[0]
+    assert first.startswith("interrupted after 4 x 64 KiB") and first.endswith("the figures cover the rounds finished")
+    assert "store client vs raw Mooncake" in out.splitlines()[1], out

@@ -96,6 +96,16 @@ def _render(data: dict) -> None:
     w, pools = data["workload"], data["pools"]
     configs = list(data["configurations"])
     labels = {name: data["configurations"][name]["label"] for name in configs}
+    if data["interrupted"]:  # the verdict first: what the figures below cover
+        from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS
+
+        done = ", ".join(
+            f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}"
+            if n in data["configurations"]
+            else f"{LABELS[n]} not run"
+            for n in CONFIGS
+        )
+        stdout.print(f"[bold yellow]interrupted after rounds {done}:[/] the figures cover the rounds finished")
     stdout.print(
         f"{w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + {w['output_tokens']} output) "
         f"tokens, page {w['page_size']}, seed {w['seed']}, {data['mode']} mode",
@@ -172,16 +182,6 @@ def _render(data: dict) -> None:
         for n in configs
     )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
-    if data["interrupted"]:
-        from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS
-
-        done = ", ".join(
-            f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}"
-            if n in data["configurations"]
-            else f"{LABELS[n]} not run"
-            for n in CONFIGS
-        )
-        stdout.print(f"[bold yellow]interrupted after rounds {done}:[/] the figures cover the rounds finished")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
 
