@@ -241,6 +241,28 @@ def test_warm_refuses_a_prompt_larger_than_the_serve_device_pool_before_sending(
         serve.stop()
 
 
+def test_warm_through_sglang_refuses_a_prompt_over_its_input_limit_before_sending(tmp_path):
+    """A serve stands in for the SGLang server (its /server_info carries SGLang's max_req_input_len):
+    the 5M-token prompt is refused from /server_info, before a page is hashed or a request sent."""
+    serve = Serve(tmp_path / "serve", "--device-tokens", "256", "--page-size", "16")
+    try:
+        big = tmp_path / "big.jsonl"
+        big.write_text(json.dumps({"input_ids": list(range(5_000_000))}) + "\n")
+        before = serve.client.stats()
+        metrics = serve.info["master_metrics_address"]
+        for _ in range(2):
+            proc = run("warm", str(big), "--sglang-url", serve.url, "--master", metrics, "--page-size", "16")
+            assert proc.returncode == 2, proc.stdout + proc.stderr
+            assert (
+                f"big.jsonl has 5,000,000 tokens and the SGLang server at {serve.url} takes prompts under 256 tokens "
+                "(its /server_info max_req_input_len)" in one_sentence(proc)
+            )
+        after = serve.client.stats()
+        assert after["stats"] == before["stats"] and after["stats"]["requests"] == 0
+    finally:
+        serve.stop()
+
+
 def test_hicache_serve_in_the_environment_is_the_default_serve(prompts):
     url = f"http://127.0.0.1:{free_port()}"
     for command in ("warm", "prefetch"):

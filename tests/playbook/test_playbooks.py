@@ -409,3 +409,34 @@ def test_a_namespace_the_serve_used_is_named_before_routing_is_blamed(reader_fac
         assert code == 1 and finding(data) == "5. Namespace or salt mismatch", data
         assert "tenant-a" in json.dumps(data["finding"]["evidence"]), data["finding"]
         assert _object_count(reader.info["master_metrics_address"]) == before
+
+
+def test_a_namespace_another_serve_used_is_found_on_the_shared_master(writer, reader_factory, tmp_path):
+    """Pages written by ANOTHER serve on the same master under extra_key "tenant-b" and read without it:
+    the reader never saw tenant-b, but the writer's namespace marker on the master names it, so the first
+    finding is the namespace (not 'Never written'), twice in a row with the store unchanged."""
+    from hicache_ops.mooncake.admin import AdminClient
+    from hicache_ops.server.namespaces import marker_key
+
+    reader = reader_factory("--prefetch-threshold", "32")
+    p = prompt(tmp_path, 160, written_by=writer, extra_key="tenant-b")
+    assert {"extra_key": "tenant-b", "cache_salt": None} not in reader.client.stats()["namespaces"]
+    metrics = reader.info["master_metrics_address"]
+    with AdminClient(metrics) as admin:
+        assert marker_key("tenant-b", None) in admin.get_all_keys()
+    before = _object_count(metrics)
+    for _ in range(2):
+        code, data = run_book("no-l3-hit", "--serve", reader.url, "--prompt", p)
+        assert code == 1 and finding(data) == "5. Namespace or salt mismatch", data
+        assert "tenant-b" in json.dumps(data["finding"]["evidence"]), data["finding"]
+        assert _object_count(metrics) == before
+
+
+def test_namespace_markers_round_trip_and_skip_other_keys():
+    from hicache_ops.server.namespaces import MAX_MARKER_KEY, marker_key, parse_marker
+
+    for ns in (("tenant-a", None), (None, "salt"), ('a,b "q" ü', "s")):
+        assert parse_marker(marker_key(*ns)) == ns
+    assert marker_key(None, None) is None and marker_key(None, "") is None
+    assert marker_key("x" * MAX_MARKER_KEY, None) is None  # too long to write: not written
+    assert parse_marker("hicache/tiny_abc_0_k") is None and parse_marker("hicache-namespace_zz") is None

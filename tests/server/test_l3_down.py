@@ -51,6 +51,10 @@ def test_embedded_master_killed(tmp_path):
         assert degraded, health(serve).text
         body = health(serve).json()
         assert body["status"] == "degraded" and body["l3"] == "down" and "SIGKILL" in body["reason"]
+        # How to recover, in one sentence: the serve does not restart its master (docs/serve-api.md).
+        assert body["recover"].startswith("this serve does not restart its embedded master: stop the serve")
+        assert f"the dead master's log is {serve.info['master_log']}." in body["recover"]
+        assert wait_for(lambda: f"to recover: {body['recover']}" in serve.output.read_text(), NOTICE_S)
         # Reaped, not a zombie: a zombie still answers kill(pid, 0).
         assert wait_for(lambda: not pid_alive(master_pid), NOTICE_S)
         assert "L3 is down" in serve.output.read_text()
@@ -77,6 +81,7 @@ def test_existing_master_that_stops_answering(tmp_path, fresh_mooncake_master, f
         assert wait_for(lambda: health(serve).status_code == 503, NOTICE_S), health(serve).text
         body = health(serve).json()
         assert body["l3"] == "down" and master.metrics_address in body["reason"]
+        assert body["recover"].startswith(f"bring the Mooncake master at {master.metrics_address} back")
         assert serve.client.stats()["l3"]["failed_probes"] >= 1
 
         os.kill(master.pid, signal.SIGCONT)

@@ -156,7 +156,8 @@ def test_server_info_reads_as_sglang_s_own_body_for_the_same_flags(serve, model_
             "--hicache-mem-layout", "page_first", "--hicache-write-policy", "write_through",
             "--hicache-storage-prefetch-policy", "wait_complete", "--hicache-ratio", "2",
             "--hicache-storage-backend-extra-config", json.dumps({"prefetch_threshold": 32})]  # fmt: skip
-    sglang = body_0_5_23(argv, {"status": "ready", "max_total_num_tokens": 1024})
+    # SGLang's scheduler info (scheduler.py, the init info it reports) carries max_req_input_len too.
+    sglang = body_0_5_23(argv, {"status": "ready", "max_total_num_tokens": 1024, "max_req_input_len": 1024})
     ours = httpx.get(serve.url + "/server_info").json()
     assert set(ours) <= set(sglang), set(ours) - set(sglang)  # SGLang's field names only
     theirs = interpret(sglang, "u", "/server_info").values()

@@ -258,3 +258,79 @@ def test_prefetch_cut_to_zero_is_not_verified(tmp_path):
         assert result.exit_code == 1
     finally:
         slow.stop()
+
+
+def test_warm_summary_names_statuses_as_the_table_and_never_ends_a_line_on_a_separator(serve, tmp_path):
+    """The real process at 60 columns: the summary line after the verdict counts the statuses the
+    table shows, with the table's words, and no wrapped line ends on `;` or `,`."""
+    import subprocess
+
+    from serve_process import HICACHE
+
+    prompts = write_prompts(tmp_path / "mixed.jsonl", 2, seed=7)
+    with open(prompts, "a") as f:
+        f.write(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+    env = {**os.environ, "COLUMNS": "60"}
+    for expected in ("written 2", "already present 2"):
+        proc = subprocess.run(
+            [HICACHE, "warm", prompts, "--serve", serve.url], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == f"warm {serve.url}" and lines[1].startswith("complete:"), proc.stdout
+        summary = " ".join(line.strip() for line in lines[2 : next(i for i, x in enumerate(lines) if "┏" in x)])
+        assert summary.startswith("prompts: ") and expected in summary and "no page 1" in summary, summary
+        assert summary.endswith("bytes written)" if expected == "written 2" else " pages)"), summary
+        assert not any(line.rstrip().endswith((";", ",")) for line in lines), proc.stdout
+        table = proc.stdout.split("┏", 1)[1]
+        assert expected.rsplit(" ", 1)[0] in table and "no page" in table, table
+
+
+def test_dry_run_summary_and_table_say_would_write(serve, tmp_path):
+    import subprocess
+
+    from serve_process import HICACHE
+
+    prompts = write_prompts(tmp_path / "dry-words.jsonl", 1, seed=8)
+    proc = subprocess.run(
+        [HICACHE, "warm", prompts, "--serve", serve.url, "--dry-run"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "prompts: would write 1 (6 pages)" in proc.stdout
+    assert "not reached" not in proc.stdout and "would write" in proc.stdout.split("┏", 1)[1]
+
+
+def _on_a_terminal(argv: list[str]) -> tuple[int, str, str]:
+    """Run `hicache ARGV` with stderr on a pseudo-terminal (as a user at a shell), stdout on a pipe."""
+    import pty
+    import subprocess
+
+    from serve_process import HICACHE
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [HICACHE, *argv], stdout=subprocess.PIPE, stderr=slave, text=True, env={**os.environ, "COLUMNS": "120"}
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = proc.stdout.read()
+    code = proc.wait(timeout=120)
+    os.close(master)
+    return code, out, seen.decode(errors="replace")
+
+
+def test_warm_and_prefetch_show_progress_with_an_eta_on_a_terminal(serve, tmp_path):
+    prompts = write_prompts(tmp_path / "bar.jsonl", 6, seed=11)
+    for command, head in (("warm", f"warm {serve.url}"), ("prefetch", f"prefetch through {serve.url}")):
+        code, out, terminal = _on_a_terminal([command, prompts, "--serve", serve.url])
+        assert code == 0, out + terminal
+        assert out.startswith(head), out  # the report itself stays on stdout, the bar on the terminal only
+        assert command in terminal and "eta" in terminal and "/6" in terminal, terminal

@@ -120,7 +120,12 @@ def prefetch(
             from hicache_ops.sglang.server_info import read_server, serve_disagreements
 
             server = read_server(sglang_url, timeout=timeout)
-        with interrupt.stop_on_signals(), ServeClient.open(serve, timeout_s=timeout) as client:
+        from hicache_ops.cli.warm import ProgressBar
+
+        bar = ProgressBar(
+            len(items), json_output, "prefetch", pages_of=lambda r: r.fetched_pages, bytes_of=lambda r: r.bytes
+        )
+        with interrupt.stop_on_signals(), ServeClient.open(serve, timeout_s=timeout) as client, bar as advance:
             report = prefetch_prompts(
                 items,
                 client,
@@ -128,6 +133,7 @@ def prefetch(
                 cache_salt=cache_salt,
                 pool_texts=pool or (),
                 pool_preset=pool_preset,
+                on_progress=advance,
             )
         rows = report.rows
         disagreements = None

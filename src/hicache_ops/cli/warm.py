@@ -61,7 +61,7 @@ _STYLE = {
 
 
 # The table names a status as the summary line does (JSON keeps the status itself).
-_LABEL = {"pending": "not reached", "no_page": "no page", "not_landed": "not landed"}
+_LABEL = {"pending": "not reached", "no_page": "no page", "not_landed": "not landed", "present": "already present"}
 
 # Problems first, so the rows a cut listing keeps are the ones worth reading.
 _ORDER = ("failed", "not_landed", "pending", "no_page", "written", "present")
@@ -81,16 +81,25 @@ def _verdict(data: dict) -> str:
     return f"[bold red]incomplete:[/] {missing} of {total} prompt(s) are not fully in L3."
 
 
+def _label(status: str, dry_run: bool) -> str:
+    if dry_run and status == "pending":
+        return "would write"
+    return _LABEL.get(status, status)
+
+
+def _counts(s: dict, dry_run: bool) -> str:
+    """The summary's counts, named as the table names them, zeros left out; pages and bytes in a
+    clause of their own (a line that wraps never ends on a separator)."""
+    counts = [f"{_label(status, dry_run)} {s[status]}" for status in _ORDER if s[status]] or ["none"]
+    written = f", {s['bytes']:,} bytes written" if s["bytes"] else ""  # through SGLang: bytes not known
+    return f"prompts: {', '.join(counts)} ({s['pages']} pages{written})"
+
+
 def _render(data: dict, show_all: bool = False) -> None:
     stdout.print(f"warm {data['target']}" + (" (dry run)" if data["dry_run"] else ""))
     stdout.print(_verdict(data))
     s = data["summary"]
-    stdout.print(
-        f"written {s['written']}, already present {s['present']}, no page {s['no_page']}, "
-        f"not landed {s['not_landed']}, failed {s['failed']}, not reached {s['pending']}; "
-        f"{s['pages']} pages, {s['bytes']:,} bytes",
-        soft_wrap=False,
-    )
+    stdout.print(_counts(s, data["dry_run"]), soft_wrap=False)
     if data["error"]:
         stderr.print(
             f"[bold red]stopped early:[/] {data['error']} Rerun to resume: finished prompts are skipped.",
@@ -120,7 +129,7 @@ def _render(data: dict, show_all: bool = False) -> None:
             str(p["tokens"]),
             str(p["pages"]),
             str(p["objects"]),
-            f"[{_STYLE[p['status']]}]{_LABEL.get(p['status'], p['status'])}[/]",
+            f"[{_STYLE[p['status']]}]{_label(p['status'], data['dry_run'])}[/]",
             f"{p['bytes']:,}",
             note,
         )
@@ -225,7 +234,7 @@ def warm(
         from hicache_ops.tokens import Tokenizer, read_prompts
 
         items = read_prompts(prompts, Tokenizer(tokenizer) if tokenizer else None)
-        with interrupt.stop_on_signals(), _progress(len(items), json_output) as advance:
+        with interrupt.stop_on_signals(), ProgressBar(len(items), json_output) as advance:
             if sglang_url is not None:
                 report = _warm_sglang(
                     items,
@@ -368,11 +377,15 @@ def _migrate(prefixes, master, rpc, remove_old, dry_run, timeout, json_output) -
         raise typer.Exit(1)
 
 
-class _progress:
-    """A progress bar on stderr (none in JSON mode); yields a callback per finished prompt."""
+class ProgressBar:
+    """A progress bar on stderr (none in JSON mode, none off a terminal): done of total, pages and MB
+    so far, elapsed and an ETA; yields a callback per finished prompt. `pages_of` / `bytes_of` read
+    them from what the callback is given (warm's outcome by default)."""
 
-    def __init__(self, total: int, quiet: bool):
-        self.total, self.quiet = total, quiet
+    def __init__(self, total: int, quiet: bool, label: str = "warm", pages_of=None, bytes_of=None):
+        self.total, self.quiet, self.label = total, quiet, label
+        self.pages_of = pages_of or (lambda outcome: outcome.pages)
+        self.bytes_of = bytes_of or (lambda outcome: outcome.bytes)
         self.pages = self.bytes = 0
 
     def __enter__(self):
@@ -381,7 +394,7 @@ class _progress:
         if self.quiet:
             return lambda outcome: None
         self.bar = Progress(
-            TextColumn("warm"),
+            TextColumn(self.label),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[pages]} pages {task.fields[mb]:.1f} MB"),
@@ -392,11 +405,11 @@ class _progress:
             transient=True,
         )
         self.bar.start()
-        self.task = self.bar.add_task("warm", total=self.total, pages=0, mb=0.0)
+        self.task = self.bar.add_task(self.label, total=self.total, pages=0, mb=0.0)
 
         def advance(outcome) -> None:
-            self.pages += outcome.pages
-            self.bytes += outcome.bytes
+            self.pages += self.pages_of(outcome)
+            self.bytes += self.bytes_of(outcome)
             self.bar.update(self.task, advance=1, pages=self.pages, mb=self.bytes / 1e6)
 
         return advance

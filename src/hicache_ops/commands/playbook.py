@@ -283,9 +283,15 @@ def serve_variables(serve_url: str, timeout_s: float = 3.0) -> dict[str, str]:
         "serve_page_size": str(config["page_size"]),
         "serve_write_policy": config["write_policy"],
     }
-    # The namespaces its requests used: a prompt missed without one is tried under each (check
-    # "Namespace or salt mismatch") before "Never written" blames routing.
+    # The namespaces its requests used, and those other serves on its master used: a prompt missed
+    # without one is tried under each (check "Namespace or salt mismatch") before "Never written"
+    # blames routing.
     seen = stats.get("namespaces") or []
+    if config.get("master_metrics_address"):  # and those every serve sharing its master marked there
+        from hicache_ops.server.namespaces import namespaces_on_master
+
+        shared = namespaces_on_master(config["master_metrics_address"], timeout_s)
+        seen = seen + [{"extra_key": e, "cache_salt": c} for e, c in shared]
     tries = [arg for ns in seen if ns.get("extra_key") is not None for arg in ("--try-extra-key", ns["extra_key"])]
     tries += [arg for ns in seen if ns.get("cache_salt") for arg in ("--try-cache-salt", ns["cache_salt"])]
     out["opt_serve_namespaces"] = shlex.join(tries)

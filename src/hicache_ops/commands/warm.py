@@ -430,6 +430,40 @@ def _check_sglang(http, url: str, timeout_s: float) -> None:
         )
 
 
+def _input_limit(http, timeout_s: float) -> tuple[int, str] | None:
+    """The longest prompt the server takes, from its /server_info: SGLang refuses a prompt of
+    `max_req_input_len` tokens or more (scheduler, managers/utils.py validate_input_length) and one
+    of `context_length` or more (tokenizer_manager.py); None when /server_info names neither."""
+    import httpx
+
+    try:
+        response = http.get("/server_info", timeout=timeout_s)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    limits = [
+        (value, name)
+        for name in ("max_req_input_len", "context_length")
+        if isinstance(value := body.get(name), int) and not isinstance(value, bool) and value > 0
+    ]
+    return min(limits) if limits else None
+
+
+def _check_fits_sglang(prompts: Sequence[Prompt], limit: tuple[int, str] | None, url: str) -> None:
+    if limit is None:
+        return
+    most, name = limit
+    for n, prompt in enumerate(prompts, start=1):
+        if len(prompt.input_ids) >= most:
+            raise InputError(
+                f"{prompt.source or f'prompt {n}'} has {len(prompt.input_ids):,} tokens and the SGLang server at "
+                f"{url} takes prompts under {most:,} tokens (its /server_info {name}).",
+                hint="Split the prompt; nothing was sent.",
+            )
+
+
 def warm_sglang(
     prompts: Sequence[Prompt],
     sglang_url: str,
@@ -465,8 +499,6 @@ def warm_sglang(
         {**deployment.__dict__, "master": master, **({"side_pools": [p.to_text() for p in pools]} if pools else {})},
         dry_run,
     )
-    plans = _plan(prompts, page_size, deployment, extra_key, cache_salt, pools)
-    report.prompts = [p[4] for p in plans]
     timeout = httpx.Timeout(max(work_timeout_s, timeout_s), connect=timeout_s)
     with AdminClient(master, timeout=timeout_s) as admin, httpx.Client(base_url=sglang_url, timeout=timeout) as http:
 
@@ -477,6 +509,9 @@ def warm_sglang(
                 return False
 
         _check_sglang(http, sglang_url, timeout_s)
+        _check_fits_sglang(prompts, _input_limit(http, timeout_s), sglang_url)  # before hashing a page
+        plans = _plan(prompts, page_size, deployment, extra_key, cache_salt, pools)
+        report.prompts = [p[4] for p in plans]
         _mark_present(plans, admin)
         todo = [p for p in plans if p[4].status == PENDING]
         if dry_run:

@@ -5,8 +5,8 @@ GET /v1/stats, GET /v1/layout, GET /metrics (Prometheus text), GET /health; and 
 POST /generate, GET /health_generate, /v1/models, /model_info, /server_info (with their /get_ aliases) and
 0.5.23's /get_hicache_l3_cache_layout (server/sglang_api.py, docs/serve-api.md).
 Errors a client can cause come back as 4xx with {"error": {"code", "message", "hint"}}; an L3 that
-does not answer makes requests that need it 503, and /health 503 {"status": "degraded", "l3": "down"}
-(README, "serve API").
+does not answer makes requests that need it 503, and /health 503 {"status": "degraded", "l3": "down",
+"reason", "recover"} (README, "serve API"; docs/serve-api.md#when-l3-is-down).
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ def _error(status: int, err: HicacheError) -> JSONResponse:
 def create_app(runtime: Runtime) -> FastAPI:
     app = FastAPI(title="hicache serve", version="1")
     cache = runtime.cache
+
+    @app.middleware("http")
+    async def _namespace_markers(request: Request, call_next):
+        # After each request, before its reply: the namespaces it used are named on the master
+        # (server/namespaces.py), so another instance's playbook finds them.
+        response = await call_next(request)
+        if request.method == "POST":
+            await run_in_threadpool(runtime.publish_namespaces)
+        return response
 
     @app.exception_handler(CapacityError)
     async def _capacity(request: Request, err: CapacityError):
@@ -171,6 +180,7 @@ def create_app(runtime: Runtime) -> FastAPI:
                 "reason": l3["reason"],
                 "since": l3["since"],
                 "l3_errors": l3["errors"],
+                "recover": runtime.l3_recovery(),
             }
             return JSONResponse(status_code=503, content=body)
         return JSONResponse({"status": "ok", "l3": l3["state"]})

@@ -8,6 +8,7 @@ included, whatever failed in between.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import urllib.parse
@@ -18,6 +19,7 @@ from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.net import parse_host_port
 from hicache_ops.server.api_counters import ApiCounters
+from hicache_ops.server.namespaces import NamespaceMarkers
 from hicache_ops.tokens import Tokenizer
 
 if TYPE_CHECKING:
@@ -141,6 +143,7 @@ class Runtime:
     cache: TieredCache | None = None
     l3_health: object | None = None
     started: dict = field(default_factory=dict)
+    namespace_markers: NamespaceMarkers = field(default_factory=NamespaceMarkers)
 
     def start(self) -> Runtime:
         try:
@@ -168,9 +171,14 @@ class Runtime:
             # This long-lived client owns the segment the objects live in (docs/mooncake.md#segments-and-ttl).
             self.store = StoreClient.connect(rpc, segment_size=self.segment_bytes, local_hostname=self.local_hostname)
             store = self.store
-            self.l3_health = L3Health(
-                metrics, on_change=lambda state, reason: store.mark_down(reason if state == "down" else None)
-            )
+
+            def on_change(state: str, reason: str) -> None:
+                store.mark_down(reason if state == "down" else None)
+                recovery = self.l3_recovery() if state == "down" else None
+                if recovery is not None:  # the serve's log says it too, beside "L3 is down"
+                    logging.getLogger("hicache.serve").error("to recover: %s", recovery)
+
+            self.l3_health = L3Health(metrics, on_change=on_change)
             if self.master is not None:
                 master, health = self.master, self.l3_health
                 master.on_exit(lambda code: health.master_exited(master.pid, code, expected=self.master is None))
@@ -209,9 +217,47 @@ class Runtime:
             return {"state": "none" if self.l3.kind == "none" else "stopped"}
         return self.l3_health.to_json()
 
+    def l3_recovery(self) -> str | None:
+        """What brings a down L3 back, for /health (docs/serve-api.md#when-l3-is-down); None while up.
+
+        An embedded master that exited stays down: the serve does not start another under its
+        mounted store client, whose segment went with the master (docs/mooncake.md, "A master that
+        dies under its clients"). An existing master comes back by itself once it answers again."""
+        health = self.l3_health
+        if health is None or not health.down:
+            return None
+        if self.l3.kind == "embedded" and health.master_exit is not None:
+            log = self.master_log_path
+            return (
+                "this serve does not restart its embedded master: stop the serve (Ctrl-C or SIGTERM) and start "
+                "`hicache serve` again, which starts a new master with an empty L3"
+                + (f"; the dead master's log is {log}" if log else "")
+                + "."
+            )
+        return (
+            f"bring the Mooncake master at {health.metrics_address} back; the serve probes it every "
+            f"{health.interval_s:g} s and L3 is up again as soon as it answers."
+        )
+
+    def publish_namespaces(self) -> None:
+        """A marker on the master for each request namespace not marked yet (server/namespaces.py),
+        so that readers sharing the master can name it."""
+        cache = self.cache
+        if cache is None or self.store is None:
+            return
+        with cache.lock:
+            namespaces = list(cache.namespaces)
+        health = self.l3_health
+        self.namespace_markers.publish(namespaces, self.store, health is not None and health.down)
+
     def record_l3_error(self, message: str) -> None:
         if self.l3_health is not None:
             self.l3_health.record_error(message)
+
+    @property
+    def master_log_path(self) -> str | None:
+        path = getattr(self.master, "log_path", None)
+        return str(path) if path is not None else None
 
     # -- what the API reports -------------------------------------------------------------------
 

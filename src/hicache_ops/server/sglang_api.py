@@ -205,6 +205,8 @@ def server_info_body(runtime: Runtime) -> dict:
         "hicache_storage_backend_extra_config": json.dumps(extra) if mooncake else None,
         "enable_metrics": True,
         "max_total_num_tokens": info["device_pages"] * spec.page_size,
+        # SGLang refuses a prompt of this many tokens or more; the serve's prefill fits its device pool.
+        "max_req_input_len": info["device_pages"] * spec.page_size,
         "status": "ready",
         "internal_states": [{}],
         "version": runtime.spec.sglang_version,

@@ -22,6 +22,7 @@ EXAMPLES = examples(
 
 
 def _render(r: KeyBenchResult) -> None:
+    _render_interrupted(r)  # the verdict first: what the medians below cover
     stdout.print(
         f"{r.tokens:,} tokens, page size {r.page_size}, median of {r.repeats} interleaved runs "
         f"(native loop: {'yes' if r.native else 'no'})",
@@ -29,12 +30,10 @@ def _render(r: KeyBenchResult) -> None:
     stdout.print(f"  hicache      {r.ours_tokens_per_s / 1e6:8.1f} M tokens/s")
     if r.sglang_tokens_per_s is None:
         stdout.print(f"  sglang       not measured: {r.sglang_error}")
-        _render_interrupted(r)
         return
     stdout.print(f"  sglang       {r.sglang_tokens_per_s / 1e6:8.1f} M tokens/s")
     stdout.print(f"  ratio        {r.ratio:8.2f}x  (hicache / sglang)")
     stdout.print("  same keys    yes (checked on every run)")
-    _render_interrupted(r)
 
 
 def _render_interrupted(r: KeyBenchResult) -> None:
@@ -81,7 +80,9 @@ def keys(
 
         # SGLang builds its hash extension through torch, whose import warns "No CUDA runtime is found"
         # on a CPU machine: noise on stderr for a benchmark that never uses CUDA.
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        # SGLang's own extension loader says when it clears another process's stale build lock: noise too.
+        for name in ("torch.utils.cpp_extension", "sglang.srt.utils.cpp_extension_loader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
         from hicache_ops import interrupt
         from hicache_ops.commands.bench.key_throughput import bench_page_keys
 

@@ -99,6 +99,16 @@ def _render(data: dict) -> None:
     w, pools = data["workload"], data["pools"]
     configs = list(data["configurations"])
     labels = {name: data["configurations"][name]["label"] for name in configs}
+    if data["interrupted"]:  # the verdict first: what the figures below cover
+        from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS
+
+        done = ", ".join(
+            f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}"
+            if n in data["configurations"]
+            else f"{LABELS[n]} not run"
+            for n in CONFIGS
+        )
+        stdout.print(f"[bold yellow]interrupted after rounds {done}:[/] the figures cover the rounds finished")
     stdout.print(
         f"{w['clients']} clients x {w['rounds']} rounds x ({w['new_tokens']:,} new + {w['output_tokens']} output) "
         f"tokens, page {w['page_size']}, seed {w['seed']}, {data['mode']} mode",
@@ -175,16 +185,6 @@ def _render(data: dict) -> None:
         for n in configs
     )
     stdout.print(f"wall {data['wall_s']:.1f}s over {data['workers']} process(es): {times}")
-    if data["interrupted"]:
-        from hicache_ops.commands.bench.multiturn_workload import CONFIGS, LABELS
-
-        done = ", ".join(
-            f"{LABELS[n]} {data['configurations'][n]['rounds_done']}/{w['rounds']}"
-            if n in data["configurations"]
-            else f"{LABELS[n]} not run"
-            for n in CONFIGS
-        )
-        stdout.print(f"[bold yellow]interrupted after rounds {done}:[/] the figures cover the rounds finished")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
 
@@ -318,7 +318,10 @@ def multiturn(
         if serve is not None:
             _over_http(spec, serve, timeout, quiet, json_output)
             return
-        with interrupt.stop_on_signals():
+        from hicache_ops.cli.common.output import native_stderr_to_file
+
+        # Each configuration's Mooncake client logs through glog on fd 2: to a log kept only on failure.
+        with interrupt.stop_on_signals(), native_stderr_to_file(None, "bench_multiturn_mooncake.log"):
             result = run_multiturn(spec, progress=_Progress(not quiet), workers=workers)
         data = result.result()
         if plot is not None:

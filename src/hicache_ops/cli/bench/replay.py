@@ -58,6 +58,10 @@ def _bytes(n: int | None) -> str:
 def _render(data: dict, stopped_by: str | None = None) -> None:
     from rich.table import Table
 
+    if data["interrupted"]:  # the verdict first: what the figures below cover
+        stopped_by = {"SIGINT": "Ctrl-C (SIGINT)", None: "the stop request"}.get(stopped_by, stopped_by)
+        stdout.print(f"[bold yellow]interrupted:[/] the figures cover the requests replayed before {stopped_by}")
+
     t, cfg = data["trace"], data["config"]
     stdout.print(
         f"{t['requests_replayed']:,} of {t['requests']:,} requests ({t['format']} format, {t['span_s']:.0f} s of "
@@ -116,9 +120,6 @@ def _render(data: dict, stopped_by: str | None = None) -> None:
         f"time: {data['wall_s']:.1f} s ({data['replay_s']:.1f} s in the engine, {data['reference_s']:.1f} s for the "
         "ceiling and the block LRU)",
     )
-    if data["interrupted"]:
-        stopped_by = {"SIGINT": "Ctrl-C (SIGINT)", None: "the stop request"}.get(stopped_by, stopped_by)
-        stdout.print(f"[bold yellow]interrupted:[/] the figures cover the requests replayed before {stopped_by}")
     if data.get("plot"):
         stdout.print(f"plot: {data['plot']}")
 

@@ -37,6 +37,9 @@ def _label(objects: int, size: int) -> str:
 
 
 def _render(data: StoreBenchResult) -> None:
+    if data.interrupted:  # the verdict first: what the figures below cover
+        measured = ", ".join(_label(c.objects, c.object_bytes) for c in data.cases)
+        stdout.print(f"[bold yellow]interrupted after {measured}:[/] the figures cover the rounds finished")
     rounds = (
         f"the interleaved rounds finished of {data.rounds}" if data.interrupted else f"{data.rounds} interleaved rounds"
     )
@@ -55,9 +58,6 @@ def _render(data: StoreBenchResult) -> None:
             )
     verdict = "meets" if data.meets_goal else "misses"
     stdout.print(f"  lowest ratio {data.min_ratio:.3f} ({verdict} the goal {data.goal})")
-    if data.interrupted:
-        measured = ", ".join(_label(c.objects, c.object_bytes) for c in data.cases)
-        stdout.print(f"[bold yellow]interrupted after {measured}:[/] the figures cover the rounds finished")
 
 
 class _Progress:

@@ -147,7 +147,11 @@ def native_stderr_to_file(
     path printed (the log explains the failure).
     `restore=False` leaves fd 2 on the file for the rest of the process (a command that ends
     right after, whose Mooncake destructors still log at interpreter exit); give it a `log_dir`.
+    With HICACHE_DEBUG set, native lines stay on the terminal (yields "stderr").
     """
+    if os.environ.get(DEBUG_ENV):
+        yield "stderr"
+        return
     temporary = log_dir is None
     folder = log_dir or tempfile.mkdtemp(prefix="hicache-")
     os.makedirs(folder, exist_ok=True)
