@@ -81,3 +81,19 @@ def test_layout_alias_and_hicache_size_type():
     assert set(uses["--hicache-mem-layout"]) <= set(uses["--layout"])
     assert {"inspect keys", "inspect layout", "serve"} <= set(uses["--hicache-mem-layout"])
     assert {kind for kind, _ in uses["--hicache-size"].values()} == {float}
+
+
+def test_one_flag_has_one_parameter_name():
+    """A flag is one parameter name in every command, so values pass whole with no renaming table."""
+    names: dict[str, dict[str, str]] = defaultdict(dict)
+    for path, command in leaf_commands().items():
+        for param in command.params:
+            if param.param_type_name == "option":
+                for flag in [*param.opts, *param.secondary_opts]:
+                    names[flag][path] = param.name
+    problems = [
+        f"{flag}: " + ", ".join(f"{path} {name}" for path, name in sorted(by_command.items()))
+        for flag, by_command in sorted(names.items())
+        if len(set(by_command.values())) > 1
+    ]
+    assert not problems, "flags with more than one parameter name:\n" + "\n".join(problems)

@@ -27,9 +27,10 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
-from hicache_ops.errors import HicacheError, InputError, UnreachableError, transport_reason
+from hicache_ops.errors import HicacheError, InputError, SettingError, UnreachableError, transport_reason
 from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools, side_pools_of_serve
+from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.hit_policy import read_pages
 from hicache_ops.sglang.side_pool_specs import PoolSpec
 from hicache_ops.tokens import Prompt
@@ -433,13 +434,10 @@ def _check_sglang(http, url: str, timeout_s: float) -> None:
 def warm_sglang(
     prompts: Sequence[Prompt],
     sglang_url: str,
-    master: str,
-    deployment: Deployment,
-    page_size: int,
+    settings: DeploymentSettings,
     *,
     extra_key: str | None = None,
     cache_salt: str | None = None,
-    prefetch_threshold: int = 256,
     pools: Sequence[PoolSpec] = (),
     concurrency: int = 4,
     dry_run: bool = False,
@@ -460,6 +458,10 @@ def warm_sglang(
 
     sglang_url = check_http_url(sglang_url, "--sglang-url")
     timeout_s = check_timeout(timeout_s)
+    deployment, master = settings.topology, settings.l3.master
+    if master is None:
+        raise SettingError("master", "is needed to check what SGLang wrote: give the master's HOST:METRICS_PORT.")
+    page_size, prefetch_threshold = settings.page_size, settings.policies.prefetch_threshold
     report = WarmReport(
         sglang_url,
         {**deployment.__dict__, "master": master, **({"side_pools": [p.to_text() for p in pools]} if pools else {})},

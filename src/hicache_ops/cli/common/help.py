@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -143,6 +144,16 @@ def _help_tables() -> Iterator[None]:
 
 
 class HicacheCommand(TyperCommand):
+    def invoke(self, ctx: typer.Context) -> Any:
+        from hicache_ops.cli.common.output import COMMAND_FLAGS
+
+        flags = {p.name: max(p.opts, key=len) for p in self.params if p.name and p.opts and p.opts[0].startswith("-")}
+        token = COMMAND_FLAGS.set(flags)
+        try:
+            return super().invoke(ctx)
+        finally:
+            COMMAND_FLAGS.reset(token)
+
     def format_help(self, ctx: typer.Context, formatter) -> None:  # type: ignore[no-untyped-def]
         with _help_tables():
             super().format_help(ctx, formatter)
