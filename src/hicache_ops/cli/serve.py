@@ -199,9 +199,10 @@ def serve(
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.server.runtime import L3Target, check_device, check_listen, check_log_dir, check_segment
+        from hicache_ops.sglang.geometry import DEFAULT_PRESET
         from hicache_ops.sglang.geometry import preset as load_preset
 
-        geometry = load_preset(preset)
+        geometry = load_preset(preset or DEFAULT_PRESET)
         if dtype is not None:
             geometry = geometry.with_dtype(dtype)
         check_segment(segment_mb * 2**20)

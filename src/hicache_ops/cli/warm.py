@@ -39,7 +39,7 @@ from hicache_ops.cli.common.options import (
     value_of,
 )
 from hicache_ops.cli.common.output import emit, first_rows, json_data, print_left_out, reporting, stderr, stdout
-from hicache_ops.cli.common.sglang_url import option_flag
+from hicache_ops.cli.common.sglang_url import option_flag, option_given
 from hicache_ops.errors import InputError
 
 if TYPE_CHECKING:
@@ -203,14 +203,11 @@ def warm(
         if remove_old:
             raise InputError("--remove-old only applies to --migrate-prefix.")
 
-        def is_given(name: str) -> bool:
-            return ctx.get_parameter_source(name).name != "DEFAULT"
-
-        if sglang_url is not None and is_given("serve"):
+        if sglang_url is not None and option_given(ctx, "serve"):
             raise InputError("--serve and --sglang-url name two targets; give one.")
         if sglang_url is None:
             sglang_only = ("page_size", "tp_size", "prefetch_threshold", "mla", "master")
-            given = [option_flag(ctx, name) for name in sglang_only if is_given(name)]
+            given = [option_flag(ctx, name) for name in sglang_only if option_given(ctx, name)]
             if given:
                 raise InputError(
                     f"{', '.join(given)} only apply with --sglang-url; a serve uses its own settings and master.",

@@ -267,9 +267,9 @@ def warm_serve(
     _check_l3_up(client.url, config, stats.get("l3") or {})
     for name, value in (expect or {}).items():
         if value is not None and config.get(name) != value:
-            raise InputError(
-                f"--{name.replace('_', '-')} {value!r} differs from the serve's {config.get(name)!r}; "
-                "the serve writes with its own key scheme.",
+            raise SettingError(
+                name,
+                f"{value!r} differs from the serve's {config.get(name)!r}; the serve writes with its own key scheme.",
                 hint="Drop the flag, or start the serve with it.",
             )
     if config["l3"] == "none":
@@ -595,11 +595,12 @@ def migrate_prefix(
     from hicache_ops.mooncake.admin import AdminClient
 
     if source == target:
-        raise InputError("--migrate-prefix FROM and TO are the same prefix.")
+        raise SettingError("migrate_prefix", "FROM and TO are the same prefix.")
     for name, value in (("FROM", source), ("TO", target)):
         if value and not value.endswith("_"):
-            raise InputError(
-                f"--migrate-prefix {name} {value!r} should end with '_' as SGLang's prefixes do.",
+            raise SettingError(
+                "migrate_prefix",
+                f"{name} {value!r} should end with '_' as SGLang's prefixes do.",
                 hint="For example Qwen-Qwen3-0.6B_ (empty for unprefixed keys).",
             )
     with AdminClient(master, timeout=timeout_s) as admin:

@@ -210,7 +210,8 @@ def sglang_url_option(*fields: str) -> Callable:
             finally:
                 JSON_EXTRAS.reset(token)
 
-        wrapper.__signature__ = signature.replace(parameters=[*own[:at], *added, *own[at:]])
+        signature = signature.replace(parameters=[*own[:at], *added, *own[at:]])
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]  # typer reads the options from it
         return wrapper
 
     return decorate
