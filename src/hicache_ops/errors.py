@@ -26,6 +26,23 @@ class InputError(HicacheError):
     code = "input_error"
 
 
+class SettingError(InputError):
+    """A bad value of one named setting: `setting` is its field name in the library's own words
+    (a concern dataclass field such as `tp_size`, or a command argument such as `timeout`).
+
+    The message is `detail` after the setting's name; `worded(name)` gives it after another name
+    (the CLI puts its flag there, `--tp-size`, mapped once in cli/common/output.py).
+    """
+
+    def __init__(self, setting: str, detail: str, hint: str | None = None):
+        self.setting = setting
+        self.detail = detail
+        super().__init__(f"{setting} {detail}", hint)
+
+    def worded(self, name: str) -> str:
+        return f"{name} {self.detail}"
+
+
 class UnreachableError(HicacheError):
     """A Mooncake master, store or serve instance did not answer (exit 3)."""
 

@@ -81,3 +81,59 @@ def test_layout_alias_and_hicache_size_type():
     assert set(uses["--hicache-mem-layout"]) <= set(uses["--layout"])
     assert {"inspect keys", "inspect layout", "serve"} <= set(uses["--hicache-mem-layout"])
     assert {kind for kind, _ in uses["--hicache-size"].values()} == {float}
+
+
+def test_one_flag_has_one_parameter_name():
+    """A flag is one parameter name in every command, so values pass whole with no renaming table."""
+    names: dict[str, dict[str, str]] = defaultdict(dict)
+    for path, command in leaf_commands().items():
+        for param in command.params:
+            if param.param_type_name == "option":
+                for flag in [*param.opts, *param.secondary_opts]:
+                    names[flag][path] = param.name
+    problems = [
+        f"{flag}: " + ", ".join(f"{path} {name}" for path, name in sorted(by_command.items()))
+        for flag, by_command in sorted(names.items())
+        if len(set(by_command.values())) > 1
+    ]
+    assert not problems, "flags with more than one parameter name:\n" + "\n".join(problems)
+
+
+def test_every_setting_the_library_names_is_a_flag():
+    """A SettingError names a setting in library words; the CLI prints the flag of that name, so each is one."""
+    import re
+    from pathlib import Path
+
+    library = Path(__file__).resolve().parents[2] / "src" / "hicache_ops"
+    settings = {
+        match.group(1)
+        for path in library.rglob("*.py")
+        if "cli" not in path.relative_to(library).parts
+        for match in re.finditer(r'SettingError\(\s*"([a-z0-9_]+)"', path.read_text())
+    }
+    assert {"page_size", "pool", "timeout", "device_tokens"} <= settings
+    names = {param.name for command in leaf_commands().values() for param in command.params}
+    flags = set(option_uses())
+    unknown = sorted(s for s in settings if s not in names and "--" + s.replace("_", "-") not in flags)
+    assert not unknown, f"settings no command has an option for: {unknown}"
+
+
+def test_a_setting_error_names_the_running_commands_flag():
+    from hicache_ops.cli.common.output import COMMAND_FLAGS, error_message
+    from hicache_ops.errors import SettingError
+
+    err = SettingError("layout", "'x' is unknown.")
+    assert err.message == "layout 'x' is unknown."
+    token = COMMAND_FLAGS.set({"layout": "--hicache-mem-layout"})
+    try:
+        assert error_message(err) == "--hicache-mem-layout 'x' is unknown."
+    finally:
+        COMMAND_FLAGS.reset(token)
+    assert error_message(SettingError("tp_size", "0 must be >= 1.")) == "--tp-size 0 must be >= 1."
+
+
+def test_choice_enums_hold_their_library_tables():
+    from hicache_ops.cli.common.options import CHOICE_TABLES
+
+    for choices, table in CHOICE_TABLES.items():
+        assert tuple(member.value for member in choices) == table, choices.__name__

@@ -100,7 +100,7 @@ def test_text_with_local_tokenizer(tmp_path):
         (["--tokens", "1,-2,3"], "negative"),
         (["--tokens", "1,x"], "not an integer"),
         (["--tokens", " , "], "empty"),
-        (["--tokens", "1,2", "--page-size", "0"], "page size"),
+        (["--tokens", "1,2", "--page-size", "0"], "--page-size 0"),
         (["--tokens", "1,2", "--sglang-version", "0.4.9"], "SGLang 0.4.9 is older than 0.5.14"),
         (["--tokens", "1,2", "--layout", "weird"], "'weird' is not one of"),
         (["--tokens", "1,2", "--mla", "--layout", "page_head"], "not supported for MLA"),

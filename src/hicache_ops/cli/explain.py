@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typer
+
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
     AllowWritesOption,
@@ -24,7 +26,6 @@ from hicache_ops.cli.common.options import (
     TokensFileOption,
     TokensOption,
     TpSizeOption,
-    value_of,
 )
 from hicache_ops.cli.common.output import emit, reporting, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
@@ -61,6 +62,7 @@ def _render(result) -> None:
     "sglang_version", "page_size", "model_name", "extra_backend_tag", "tp_size", "pp_size", "mla", "layout"
 )
 def explain(
+    ctx: typer.Context,
     tokens: TokensOption = None,
     tokens_file: TokensFileOption = None,
     line: LineOption = None,
@@ -90,11 +92,10 @@ def explain(
     comes from the server's /server_info. Exit 3 when the server or master is unreachable.
     """
     with reporting(json_output):
+        from hicache_ops.cli.common.deployment import deployment_settings
         from hicache_ops.commands.explain import explain as run_explain
-        from hicache_ops.commands.inspect.key_listing import Deployment
         from hicache_ops.errors import InputError
         from hicache_ops.mooncake.admin import AdminClient
-        from hicache_ops.sglang.versions import default_version, validate_version
         from hicache_ops.tokens import load_prompt
 
         if sglang_server is None:
@@ -106,23 +107,14 @@ def explain(
                 "sending the prompt changes the server's cache; pass --allow-writes if you mean it.",
                 hint="For a read-only look use hicache inspect keys --sglang-url URL --master HOST:PORT.",
             )
-        version = validate_version(value_of(sglang_version) or default_version())
+        settings = deployment_settings(ctx)
+        deployment = settings.topology
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
-        deployment = Deployment(
-            version=version,
-            model_name=model_name,
-            extra_backend_tag=extra_backend_tag,
-            tp_size=tp_size,
-            pp_size=pp_size,
-            mla=mla,
-            layout=str(layout),  # a StrEnum: its value
-            page_size=page_size,
-        )
         with AdminClient(master, timeout=min(timeout, 10.0)) as admin:
             admin.health()  # an unreachable master fails here, before anything is sent
             result = run_explain(
                 prompt.input_ids,
-                page_size,
+                settings.page_size,
                 deployment,
                 sglang_server.url,
                 admin,

@@ -43,7 +43,6 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     WritePolicy,
     WritePolicyOption,
-    value_of,
 )
 from hicache_ops.cli.common.output import native_stderr_to_file, reporting, stderr
 from hicache_ops.errors import InputError
@@ -118,11 +117,12 @@ def _panel(info: dict, url: str) -> Panel:
 
 
 def serve(
+    ctx: typer.Context,
     host: Annotated[
         str, typer.Option("--host", help="Address to bind (loopback by default).", metavar="ADDRESS")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="HTTP port.", metavar="PORT")] = 18080,
-    hicache_host_memory_mode: Annotated[
+    host_memory_mode: Annotated[
         str,
         typer.Option(
             "--hicache-host-memory-mode",
@@ -167,10 +167,10 @@ def serve(
     device_tokens: DeviceTokensOption = 4096,
     hicache_ratio: HicacheRatioOption = 2.0,
     hicache_size: HicacheSizeOption = 0,
-    hicache_mem_layout: LayoutOption = HostLayout.page_first,
-    hicache_io_backend: IoBackendOption = IoBackend.kernel,
-    hicache_write_policy: WritePolicyOption = WritePolicy.write_through,
-    hicache_storage_prefetch_policy: StopPolicyOption = StopPolicy.timeout,
+    layout: LayoutOption = HostLayout.page_first,
+    io_backend: IoBackendOption = IoBackend.kernel,
+    write_policy: WritePolicyOption = WritePolicy.write_through,
+    prefetch_policy: StopPolicyOption = StopPolicy.timeout,
     prefetch_threshold: PrefetchThresholdOption = 256,
     model_name: ModelNameOption = "hicache/tiny",
     extra_backend_tag: ExtraBackendTagOption = None,
@@ -199,10 +199,10 @@ def serve(
     with reporting(False):
         from hicache_ops.engine.builder import EngineSpec
         from hicache_ops.server.runtime import L3Target, check_device, check_listen, check_log_dir, check_segment
+        from hicache_ops.sglang.geometry import DEFAULT_PRESET
         from hicache_ops.sglang.geometry import preset as load_preset
-        from hicache_ops.sglang.versions import default_version, validate_version
 
-        geometry = load_preset(preset)
+        geometry = load_preset(preset or DEFAULT_PRESET)
         if dtype is not None:
             geometry = geometry.with_dtype(dtype)
         check_segment(segment_mb * 2**20)
@@ -211,33 +211,15 @@ def serve(
             raise InputError("--keep-logs applies without --log-dir; a --log-dir is always kept.")
         if inject_l3_latency_ms < 0:
             raise InputError(f"--inject-l3-latency-ms {inject_l3_latency_ms} must be >= 0.")
-        from hicache_ops.sglang.side_pool_specs import side_pools_for
+        from hicache_ops.cli.common.deployment import deployment_settings, side_pools
 
-        version = validate_version(value_of(sglang_version) or default_version())
-        spec = EngineSpec(
-            geometry=geometry,
-            page_size=page_size,
-            device_tokens=device_tokens,
-            hicache_ratio=hicache_ratio,
-            hicache_size_gb=hicache_size,
-            layout=hicache_mem_layout.value,
-            io_backend=hicache_io_backend.value,
-            write_policy=hicache_write_policy.value,
-            stop_policy=hicache_storage_prefetch_policy.value,
-            prefetch_threshold=prefetch_threshold,
-            host_memory_mode=hicache_host_memory_mode,
-            sglang_version=version,
-            model_name=model_name,
-            extra_backend_tag=extra_backend_tag,
-            tp_size=tp_size,
-            dcp_size=dcp_size,
+        settings = deployment_settings(ctx, mla=geometry.mla)
+        spec = EngineSpec.of(
+            geometry,
+            settings,
+            side_pools=side_pools(ctx, settings),
             torch_device=check_device(device.value, tp_size),
-            side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
-        )
-        spec.cache_config(spec.host_layout(mooncake=l3 != "none"))  # validate before starting anything
-        from hicache_ops.engine.builder import check_memory
-
-        check_memory(spec)  # pools that cannot fit are refused before a master starts
+        ).validate(mooncake=l3 != "none")  # pools that cannot fit are refused before a master starts
         target = L3Target.parse(l3)
         if tokenizer is not None:
             from hicache_ops.server.sglang_api import load_tokenizer

@@ -14,6 +14,8 @@ from hicache_ops.cli.common.options import (
     ExtraBackendTagOption,
     ExtraKeyOption,
     HicacheRatioOption,
+    HostLayout,
+    IoBackend,
     IoBackendOption,
     JsonOption,
     LayoutOption,
@@ -24,7 +26,6 @@ from hicache_ops.cli.common.options import (
     PpSizeOption,
     TimeoutOption,
     TpSizeOption,
-    value_of,
 )
 from hicache_ops.cli.common.output import emit, reporting, stdout
 
@@ -88,6 +89,7 @@ def _render(data: dict) -> None:
 
 @app.command("check", cls=HicacheCommand, epilog=EXAMPLES)
 def check(
+    ctx: typer.Context,
     source: FromOption,
     target: ToOption,
     model_name: ModelNameOption = None,
@@ -98,8 +100,8 @@ def check(
     tp_size: TpSizeOption = 1,
     pp_size: PpSizeOption = 1,
     mla: MlaOption = False,
-    layout: LayoutOption = "page_first",
-    io_backend: IoBackendOption = "kernel",
+    layout: LayoutOption = HostLayout.page_first,
+    io_backend: IoBackendOption = IoBackend.kernel,
     hicache_ratio: HicacheRatioOption = None,
     host_memory_mode: HostMemoryModeOption = "cache",
     master: MasterOption = None,
@@ -110,22 +112,9 @@ def check(
     --master, the objects under the old prefix that will never be read again), namespace seed,
     prefetch limit / budget / retry rule, defaults and start-up rewrites."""
     with reporting(json_output):
-        from hicache_ops.commands.upgrade import UpgradeDeployment, check_args, check_upgrade
+        from hicache_ops.cli.common.deployment import deployment_settings
+        from hicache_ops.commands.upgrade import UpgradeDeployment, check_upgrade
 
-        check_args(page_size, tp_size, pp_size)
-        dep = UpgradeDeployment(
-            model_name=model_name,
-            extra_backend_tag=extra_backend_tag,
-            extra_key=extra_key,
-            cache_salt=cache_salt,
-            page_size=page_size,
-            tp_size=tp_size,
-            pp_size=pp_size,
-            mla=mla,
-            layout=value_of(layout) or "page_first",
-            io_backend=value_of(io_backend) or "kernel",
-            hicache_ratio=hicache_ratio,
-            host_memory_mode=host_memory_mode,
-        )
+        dep = UpgradeDeployment.of(deployment_settings(ctx), extra_key=extra_key, cache_salt=cache_salt)
         report = check_upgrade(source, target, dep, master=master, timeout=timeout)
         emit(report.to_json(), json_output, _render)

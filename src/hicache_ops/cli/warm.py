@@ -39,6 +39,7 @@ from hicache_ops.cli.common.options import (
     value_of,
 )
 from hicache_ops.cli.common.output import emit, first_rows, json_data, print_left_out, reporting, stderr, stdout
+from hicache_ops.cli.common.sglang_url import option_flag, option_given
 from hicache_ops.errors import InputError
 
 if TYPE_CHECKING:
@@ -211,20 +212,11 @@ def warm(
         if remove_old:
             raise InputError("--remove-old only applies to --migrate-prefix.")
 
-        def is_given(name: str) -> bool:
-            return ctx.get_parameter_source(name).name != "DEFAULT"
-
-        if sglang_url is not None and is_given("serve"):
+        if sglang_url is not None and option_given(ctx, "serve"):
             raise InputError("--serve and --sglang-url name two targets; give one.")
         if sglang_url is None:
-            sglang_only = {
-                "--page-size": "page_size",
-                "--tp-size": "tp_size",
-                "--prefetch-threshold": "prefetch_threshold",
-                "--mla": "mla",
-                "--master": "master",
-            }
-            given = [flag for flag, name in sglang_only.items() if is_given(name)]
+            sglang_only = ("page_size", "tp_size", "prefetch_threshold", "mla", "master")
+            given = [option_flag(ctx, name) for name in sglang_only if option_given(ctx, name)]
             if given:
                 raise InputError(
                     f"{', '.join(given)} only apply with --sglang-url; a serve uses its own settings and master.",
@@ -237,24 +229,7 @@ def warm(
         with interrupt.stop_on_signals(), ProgressBar(len(items), json_output) as advance:
             if sglang_url is not None:
                 report = _warm_sglang(
-                    items,
-                    sglang_url,
-                    master,
-                    model_name,
-                    extra_backend_tag,
-                    value_of(sglang_version),
-                    page_size,
-                    tp_size,
-                    mla,
-                    extra_key,
-                    cache_salt,
-                    prefetch_threshold,
-                    concurrency,
-                    dry_run,
-                    timeout,
-                    advance,
-                    pool,
-                    pool_preset,
+                    ctx, items, sglang_url, extra_key, cache_salt, concurrency, dry_run, timeout, advance
                 )
             else:
                 from hicache_ops.commands.warm import warm_serve
@@ -288,53 +263,20 @@ def warm(
             raise typer.Exit(1)
 
 
-def _warm_sglang(
-    items,
-    url,
-    master,
-    model_name,
-    tag,
-    version,
-    page_size,
-    tp_size,
-    mla,
-    extra_key,
-    cache_salt,
-    threshold,
-    concurrency,
-    dry_run,
-    timeout,
-    advance,
-    pool_texts=None,
-    pool_preset=None,
-):
-    from hicache_ops.commands.inspect.key_listing import Deployment
+def _warm_sglang(ctx: typer.Context, items, url, extra_key, cache_salt, concurrency, dry_run, timeout, advance):
+    from hicache_ops.cli.common.deployment import deployment_settings, side_pools
     from hicache_ops.commands.warm import warm_sglang
-    from hicache_ops.sglang.versions import default_version, validate_version
 
-    if master is None:
+    settings = deployment_settings(ctx)  # an MLA --pool-preset describes an MLA server, as in inspect keys
+    if settings.l3.master is None:
         raise InputError("--sglang-url needs --master HOST:METRICS_PORT to check what SGLang wrote.")
-    if page_size < 1:
-        raise InputError(f"--page-size {page_size} must be >= 1.")
-    if tp_size < 1:
-        raise InputError(f"--tp-size {tp_size} must be >= 1.")
-    from hicache_ops.sglang.side_pool_specs import PRESETS, side_pools_for
-
-    version = validate_version(version or default_version())
-    if pool_preset is not None and pool_preset in PRESETS:
-        mla = mla or PRESETS[pool_preset].mla  # as inspect keys: an MLA preset describes an MLA server
-    pools = side_pools_for(pool_texts, pool_preset, version, mla, page_size)  # expected_keys checks each pool
-    deployment = Deployment(version=version, model_name=model_name, extra_backend_tag=tag, tp_size=tp_size, mla=mla)
     return warm_sglang(
         items,
         url,
-        master,
-        deployment,
-        page_size,
+        settings,
         extra_key=extra_key,
         cache_salt=cache_salt,
-        prefetch_threshold=threshold,
-        pools=pools,
+        pools=side_pools(ctx, settings),  # expected_keys checks each pool
         concurrency=concurrency,
         dry_run=dry_run,
         timeout_s=timeout,

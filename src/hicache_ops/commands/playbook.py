@@ -40,7 +40,7 @@ from importlib import resources
 from pathlib import Path
 
 from hicache_ops import interrupt
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.sglang.launch import parse_server_args
 from hicache_ops.sglang.versions import default_version
 
@@ -476,14 +476,15 @@ def variables_from(
         values["master"] = master
     if config:
         if not os.path.isfile(config):
-            raise InputError(f"--config {config!r} is not a file.")
+            raise SettingError("config", f"{config!r} is not a file.")
         values["config"] = config
     if prompt:
         if prompt == "-":
-            raise InputError("--prompt - (stdin) cannot be read by several checks; give a file.")
+            raise SettingError("prompt", "- (stdin) cannot be read by several checks; give a file.")
         if not os.path.isfile(prompt):
-            raise InputError(
-                f"--prompt {prompt!r} is not a file.",
+            raise SettingError(
+                "prompt",
+                f"{prompt!r} is not a file.",
                 hint="A JSON array of token ids, or one JSONL line with input_ids.",
             )
         load_prompt(tokens_file=prompt)  # malformed or several prompts: one error now, not one per check

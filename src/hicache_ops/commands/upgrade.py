@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy
+from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.page_keys import (
     MODEL_PREFIX_SINCE,
     NAMESPACE_SEED_SINCE,
@@ -49,6 +49,27 @@ class UpgradeDeployment:
     hicache_ratio: float | None = None
     host_memory_mode: str | None = None
     disaggregation_decode: bool = False
+
+    @classmethod
+    def of(
+        cls, settings: DeploymentSettings, *, extra_key: str | None = None, cache_salt: str | None = None
+    ) -> UpgradeDeployment:
+        """The deployment's settings, judged for no release in particular (each rule takes its own)."""
+        dep, sizing = settings.topology, settings.sizing
+        return cls(
+            model_name=dep.model_name,
+            extra_backend_tag=dep.extra_backend_tag,
+            extra_key=extra_key,
+            cache_salt=cache_salt,
+            page_size=dep.page_size or 64,
+            tp_size=dep.tp_size,
+            pp_size=dep.pp_size,
+            mla=dep.mla,
+            layout=dep.layout,
+            io_backend=sizing.io_backend,
+            hicache_ratio=sizing.hicache_ratio,
+            host_memory_mode=sizing.host_memory_mode,
+        )
 
 
 def tree_family(version: str) -> str:
@@ -279,9 +300,3 @@ def _verdict(report: UpgradeReport, prefix_changed: bool, seed_changed: bool) ->
         )
     kept = "" if n is None else f" ({n} objects under {old})"
     return f"object keys stay the same: L3 stays warm across the upgrade{kept}."
-
-
-def check_args(page_size: int, tp_size: int, pp_size: int) -> None:
-    for flag, value in (("--page-size", page_size), ("--tp-size", tp_size), ("--pp-size", pp_size)):
-        if value < 1:
-            raise InputError(f"{flag} {value} must be >= 1.")

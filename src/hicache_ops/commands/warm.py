@@ -27,9 +27,10 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
-from hicache_ops.errors import HicacheError, InputError, UnreachableError, transport_reason
+from hicache_ops.errors import HicacheError, InputError, SettingError, UnreachableError, transport_reason
 from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools, side_pools_of_serve
+from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.hit_policy import read_pages
 from hicache_ops.sglang.side_pool_specs import PoolSpec
 from hicache_ops.tokens import Prompt
@@ -266,9 +267,9 @@ def warm_serve(
     _check_l3_up(client.url, config, stats.get("l3") or {})
     for name, value in (expect or {}).items():
         if value is not None and config.get(name) != value:
-            raise InputError(
-                f"--{name.replace('_', '-')} {value!r} differs from the serve's {config.get(name)!r}; "
-                "the serve writes with its own key scheme.",
+            raise SettingError(
+                name,
+                f"{value!r} differs from the serve's {config.get(name)!r}; the serve writes with its own key scheme.",
                 hint="Drop the flag, or start the serve with it.",
             )
     if config["l3"] == "none":
@@ -467,13 +468,10 @@ def _check_fits_sglang(prompts: Sequence[Prompt], limit: tuple[int, str] | None,
 def warm_sglang(
     prompts: Sequence[Prompt],
     sglang_url: str,
-    master: str,
-    deployment: Deployment,
-    page_size: int,
+    settings: DeploymentSettings,
     *,
     extra_key: str | None = None,
     cache_salt: str | None = None,
-    prefetch_threshold: int = 256,
     pools: Sequence[PoolSpec] = (),
     concurrency: int = 4,
     dry_run: bool = False,
@@ -494,6 +492,10 @@ def warm_sglang(
 
     sglang_url = check_http_url(sglang_url, "--sglang-url")
     timeout_s = check_timeout(timeout_s)
+    deployment, master = settings.topology, settings.l3.master
+    if master is None:
+        raise SettingError("master", "is needed to check what SGLang wrote: give the master's HOST:METRICS_PORT.")
+    page_size, prefetch_threshold = settings.page_size, settings.policies.prefetch_threshold
     report = WarmReport(
         sglang_url,
         {**deployment.__dict__, "master": master, **({"side_pools": [p.to_text() for p in pools]} if pools else {})},
@@ -628,11 +630,12 @@ def migrate_prefix(
     from hicache_ops.mooncake.admin import AdminClient
 
     if source == target:
-        raise InputError("--migrate-prefix FROM and TO are the same prefix.")
+        raise SettingError("migrate_prefix", "FROM and TO are the same prefix.")
     for name, value in (("FROM", source), ("TO", target)):
         if value and not value.endswith("_"):
-            raise InputError(
-                f"--migrate-prefix {name} {value!r} should end with '_' as SGLang's prefixes do.",
+            raise SettingError(
+                "migrate_prefix",
+                f"{name} {value!r} should end with '_' as SGLang's prefixes do.",
                 hint="For example Qwen-Qwen3-0.6B_ (empty for unprefixed keys).",
             )
     with AdminClient(master, timeout=timeout_s) as admin:

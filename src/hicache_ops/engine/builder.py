@@ -15,8 +15,9 @@ from hicache_ops.engine.planes import AccountingPlane, L3Tier, MemoryL3
 from hicache_ops.engine.reference import side_object_bytes
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
+from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.geometry import DEFAULT_PRESET, ModelGeometry, preset
-from hicache_ops.sglang.host_pool import HostPoolLayout
+from hicache_ops.sglang.host_pool import DEFAULT_HICACHE_RATIO, HostPoolLayout
 from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme, check_dcp
 from hicache_ops.sglang.rewrites import resolve_layout
 from hicache_ops.sglang.side_pool_specs import PoolSpec, check_pool, pool_suffixes
@@ -54,6 +55,45 @@ class EngineSpec:
     dcp_size: int = 1
     # Side pools written and checked with the KV (docs/side-pools.md#side-objects-in-the-engine).
     side_pools: tuple[PoolSpec, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        geometry: ModelGeometry,
+        settings: DeploymentSettings,
+        *,
+        side_pools: tuple[PoolSpec, ...] = (),
+        torch_device: str = "auto",
+    ) -> EngineSpec:
+        """The engine that mirrors a deployment: its topology, pool sizes and policies, with this geometry."""
+        dep, sizing, policies = settings.topology, settings.sizing, settings.policies
+        return cls(
+            geometry=geometry,
+            page_size=settings.page_size,
+            device_tokens=sizing.device_tokens,
+            hicache_ratio=DEFAULT_HICACHE_RATIO if sizing.hicache_ratio is None else sizing.hicache_ratio,
+            hicache_size_gb=sizing.hicache_size,
+            layout=dep.layout,
+            io_backend=sizing.io_backend,
+            write_policy=policies.write_policy,
+            stop_policy=policies.prefetch_policy,
+            prefetch_threshold=policies.prefetch_threshold,
+            host_memory_mode=sizing.host_memory_mode,
+            sglang_version=dep.version,
+            model_name=dep.model_name,
+            extra_backend_tag=dep.extra_backend_tag,
+            tp_size=dep.tp_size,
+            tp_lcm_size=dep.tp_lcm_size,
+            dcp_size=dep.dcp_size,
+            torch_device=torch_device,
+            side_pools=side_pools,
+        )
+
+    def validate(self, *, mooncake: bool) -> EngineSpec:
+        """Refuse what the engine cannot build (pools, policies, memory) before anything starts; return self."""
+        self.cache_config(self.host_layout(mooncake=mooncake))
+        check_memory(self)
+        return self
 
     @property
     def rank_page_size(self) -> int:

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from hicache_ops.errors import InputError, UnreachableError, transport_reason
+from hicache_ops.errors import InputError, SettingError, UnreachableError, transport_reason
 from hicache_ops.mooncake.net import format_host_port, parse_host_port
 
 DEFAULT_TIMEOUT = 3.0
@@ -51,7 +51,9 @@ class AdminClient:
         self.address = format_host_port(self.host, self.port)
         if not 0 < timeout < float("inf"):
             # 0 would make the socket non-blocking (BlockingIOError), a negative one is refused by Python.
-            raise InputError(f"--timeout {timeout:g} must be a number of seconds > 0.", hint="For example --timeout 3.")
+            raise SettingError(
+                "timeout", f"{timeout:g} must be a number of seconds > 0.", hint="For example --timeout 3."
+            )
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 
 if TYPE_CHECKING:
     import torch
@@ -261,8 +261,9 @@ def resolve_geometry(
     if preset_name is not None:
         if given or mla:
             flags = ", ".join(given + (["--mla"] if mla else []))
-            raise InputError(
-                f"--preset {preset_name} cannot be combined with {flags}.",
+            raise SettingError(
+                "preset",
+                f"{preset_name} cannot be combined with {flags}.",
                 hint="Give --preset (optionally with --dtype) or the geometry flags, not both.",
             )
         geometry = preset(preset_name)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.sglang.flag_names import SGLANG_FLAGS
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
 
@@ -135,7 +135,7 @@ def _read_server_args_file(path: str) -> str:
 def split_server_args(text: str, *, comments: bool = False) -> list[str]:
     """The argv a shell would pass: quotes, backslash-newline continuations, # comments (files)."""
     if not isinstance(text, str):
-        raise InputError("--server-args must be a string of SGLang launch flags.")
+        raise SettingError("server_args", "must be a string of SGLang launch flags.")
     body = text.replace("\\\r\n", " ").replace("\\\n", " ")
     try:
         lexer = shlex.shlex(body, posix=True, punctuation_chars=False)
@@ -143,8 +143,9 @@ def split_server_args(text: str, *, comments: bool = False) -> list[str]:
         lexer.commenters = "#" if comments else ""
         return list(lexer)
     except ValueError as exc:
-        raise InputError(
-            f"--server-args are not valid shell words ({exc}).",
+        raise SettingError(
+            "server_args",
+            f"are not valid shell words ({exc}).",
             hint='Check the quoting, e.g. --hicache-storage-backend-extra-config \'{"device_name": "mlx5_0"}\'.',
         ) from None
 
@@ -432,7 +433,7 @@ def parse_env_overrides(items: list[str] | None) -> dict[str, str]:
     for item in items or ():
         name, eq, value = item.partition("=")
         if not eq or not name or any(c.isspace() for c in name):
-            raise InputError(f"--env {item!r} is not NAME=VALUE.", hint="For example --env MC_FORCE_TCP=1.")
+            raise SettingError("env", f"{item!r} is not NAME=VALUE.", hint="For example --env MC_FORCE_TCP=1.")
         out[name] = value
     return out
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.sglang.versions import V0_5_14, family, since, validate_version
 
 if TYPE_CHECKING:  # numpy loads on first use, so `hicache --help` does not import it
@@ -425,10 +425,24 @@ class Deployment:
     dcp_rank: int | None = None
     page_size: int | None = None
 
-    def __post_init__(self) -> None:
-        for flag, value in (("--tp-size", self.tp_size), ("--pp-size", self.pp_size)):
+    def validate(self) -> Deployment:
+        """Refuse a topology SGLang cannot run, naming the setting (SettingError); return self.
+
+        The one check of a deployment built from options or a server (cli/common/deployment.py,
+        ServerInfo.deployment); `schemes` assumes it held.
+        """
+        from hicache_ops.sglang.host_pool import check_layout_for
+
+        validate_version(self.version)
+        for name, value in (("tp_size", self.tp_size), ("pp_size", self.pp_size)):
             if value < 1:
-                raise InputError(f"{flag} {value} must be >= 1 (a deployment has at least one rank).")
+                raise SettingError(name, f"{value} must be >= 1 (a deployment has at least one rank).")
+        if self.dcp_size < 1:
+            raise SettingError("dcp_size", f"{self.dcp_size} must be >= 1.")
+        if self.page_size is not None and self.page_size < 1:
+            raise SettingError("page_size", f"{self.page_size} must be >= 1.")
+        check_layout_for(self.layout, mla=self.mla)
+        return self
 
     def schemes(self, *, every_rank: bool = False) -> list[ObjectKeyScheme]:
         """One scheme per writing rank, pp-major then tp, in the order SGLang ranks start.

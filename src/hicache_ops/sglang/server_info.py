@@ -157,7 +157,7 @@ class ServerInfo:
             tp_lcm_size=values.get("tp_lcm_size"),
             dcp_size=values.get("dcp_size", 1),
             page_size=values.get("page_size"),
-        )
+        ).validate()
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
 
@@ -144,8 +144,8 @@ _OPTION_NAMES = (
 def _parse_shape(text: str, value: str, key: str) -> tuple[int, ...]:
     dims = value.lower().split("x")
     if not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise InputError(
-            f"--pool {text!r}: {key} {value!r} is not a shape like 8192x3 (positive integers joined by x)."
+        raise SettingError(
+            "pool", f"{text!r}: {key} {value!r} is not a shape like 8192x3 (positive integers joined by x)."
         )
     return tuple(int(d) for d in dims)
 
@@ -161,7 +161,7 @@ def _build(text: str, spec: PoolSpec) -> PoolSpec:
     if spec.conv_shapes is not None:
         spec = replace(spec, conv=len(spec.conv_shapes))
     if spec.temporal_shape is not None and not spec.temporal:
-        raise InputError(f"--pool {text!r}: temporal=0 means the temporal state is empty; drop temporal_shape.")
+        raise SettingError("pool", f"{text!r}: temporal=0 means the temporal state is empty; drop temporal_shape.")
     return spec
 
 
@@ -172,24 +172,26 @@ def parse_pool_fields(text: str) -> tuple[str, dict[str, Any]]:
     name, _, options = text.partition(":")
     name = name.strip()
     if not name:
-        raise InputError(f"--pool {text!r} has no pool name.")
+        raise SettingError("pool", f"{text!r} has no pool name.")
     fields: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in options.split(","))):
         key, sep, value = item.partition("=")
         if not sep:
-            raise InputError(f"--pool {text!r}: option {item!r} is not KEY=VALUE.")
+            raise SettingError("pool", f"{text!r}: option {item!r} is not KEY=VALUE.")
         if key == "attention":
             if value not in ("mla", "mha"):
-                raise InputError(f"--pool {text!r}: attention is mla or mha, not {value!r}.")
+                raise SettingError("pool", f"{text!r}: attention is mla or mha, not {value!r}.")
             fields["attention"] = value
         elif key in _INT_OPTIONS:
             least = _INT_OPTIONS[key]
             if not value.isdigit() or int(value) < least:
-                raise InputError(f"--pool {text!r}: {key} must be a {'positive' if least else 'non-negative'} integer.")
+                raise SettingError(
+                    "pool", f"{text!r}: {key} must be a {'positive' if least else 'non-negative'} integer."
+                )
             fields[key] = int(value)
         elif key == "temporal":
             if value not in ("0", "1"):
-                raise InputError(f"--pool {text!r}: temporal is 0 or 1, not {value!r}.")
+                raise SettingError("pool", f"{text!r}: temporal is 0 or 1, not {value!r}.")
             fields["temporal"] = value == "1"
         elif key == "conv_shapes":
             fields[key] = tuple(_parse_shape(text, shape, key) for shape in value.split("+"))
@@ -197,12 +199,12 @@ def parse_pool_fields(text: str) -> tuple[str, dict[str, Any]]:
             fields[key] = _parse_shape(text, value, key)
         elif key in ("conv_dtype", "temporal_dtype"):
             if value not in MAMBA_DTYPES:
-                raise InputError(f"--pool {text!r}: {key} is one of {', '.join(MAMBA_DTYPES)}, not {value!r}.")
+                raise SettingError("pool", f"{text!r}: {key} is one of {', '.join(MAMBA_DTYPES)}, not {value!r}.")
             fields[key] = value
         else:
-            raise InputError(f"--pool {text!r}: unknown option {key!r} ({_OPTION_NAMES}).")
+            raise SettingError("pool", f"{text!r}: unknown option {key!r} ({_OPTION_NAMES}).")
     if "conv_shapes" in fields and "conv" in fields and fields["conv"] != len(fields["conv_shapes"]):
-        raise InputError(f"--pool {text!r}: conv={fields['conv']} but {len(fields['conv_shapes'])} conv_shapes.")
+        raise SettingError("pool", f"{text!r}: conv={fields['conv']} but {len(fields['conv_shapes'])} conv_shapes.")
     if "conv" in fields and "conv_shapes" not in fields:
         fields["conv_shapes"] = None  # a new conv count drops shapes given for another count
     if fields.get("temporal") is False and "temporal_shape" not in fields:

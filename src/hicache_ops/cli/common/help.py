@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console, ConsoleOptions
 from rich.table import Table
@@ -144,6 +145,16 @@ def _help_tables() -> Iterator[None]:
 
 
 class HicacheCommand(TyperCommand):
+    def invoke(self, ctx: _click.Context) -> Any:
+        from hicache_ops.cli.common.output import COMMAND_FLAGS
+
+        flags = {p.name: max(p.opts, key=len) for p in self.params if p.name and p.opts and p.opts[0].startswith("-")}
+        token = COMMAND_FLAGS.set(flags)
+        try:
+            return super().invoke(ctx)
+        finally:
+            COMMAND_FLAGS.reset(token)
+
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with _help_tables():
             super().format_help(ctx, formatter)

@@ -21,7 +21,7 @@ from hicache_ops.sglang.host_pool import LAYOUTS
 from hicache_ops.sglang.policy import STOP_POLICIES, WRITE_POLICIES
 from hicache_ops.sglang.rewrites import IO_BACKENDS
 from hicache_ops.sglang.side_pool_specs import PRESETS as POOL_PRESETS
-from hicache_ops.sglang.versions import NEWEST, OLDEST, SUPPORTED_VERSIONS
+from hicache_ops.sglang.versions import NEWEST, OLDEST
 
 INPUT = "Input"
 DEPLOYMENT = "Deployment"
@@ -44,16 +44,44 @@ def _not_negative(ctx: typer.Context, param: typer.CallbackParam, value: int | N
     return value
 
 
-def _choices(name: str, values) -> type[StrEnum]:
-    return StrEnum(name, [(value, value) for value in values])
+# Written out so the type checker knows the members; tests/cli/test_options.py checks that each
+# holds exactly its library table (LAYOUTS, IO_BACKENDS, WRITE_POLICIES, STOP_POLICIES).
+class HostLayout(StrEnum):
+    layer_first = "layer_first"
+    page_first = "page_first"
+    page_first_direct = "page_first_direct"
+    page_head = "page_head"
 
 
-HostLayout = _choices("HostLayout", LAYOUTS)
-IoBackend = _choices("IoBackend", IO_BACKENDS)
-WritePolicy = _choices("WritePolicy", WRITE_POLICIES)
-StopPolicy = _choices("StopPolicy", STOP_POLICIES)
-SglangVersion = _choices("SglangVersion", SUPPORTED_VERSIONS)
-Device = _choices("Device", ("auto", "cpu", "cuda"))
+class IoBackend(StrEnum):
+    kernel = "kernel"
+    direct = "direct"
+
+
+class WritePolicy(StrEnum):
+    write_through = "write_through"
+    write_through_selective = "write_through_selective"
+    write_back = "write_back"
+
+
+class StopPolicy(StrEnum):
+    best_effort = "best_effort"
+    wait_complete = "wait_complete"
+    timeout = "timeout"
+
+
+class Device(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+CHOICE_TABLES: dict[type[StrEnum], tuple[str, ...]] = {
+    HostLayout: LAYOUTS,
+    IoBackend: IO_BACKENDS,
+    WritePolicy: WRITE_POLICIES,
+    StopPolicy: STOP_POLICIES,
+}
 
 
 def _listed(choices: type[StrEnum]) -> str:

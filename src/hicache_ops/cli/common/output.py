@@ -22,7 +22,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from hicache_ops.errors import HicacheError
+from hicache_ops.errors import HicacheError, SettingError
 
 # highlight=False: Rich would otherwise colour numbers and paths inside our sentences at random.
 stdout = Console(soft_wrap=True, highlight=False)
@@ -32,6 +32,9 @@ DEBUG_ENV = "HICACHE_DEBUG"
 # Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
 # The default is read-only: a command sets its own dict, never fills the shared default.
 JSON_EXTRAS: ContextVar[Mapping[str, Any]] = ContextVar("json_extras", default=MappingProxyType({}))
+# The running command's options: parameter name -> its flag (set by HicacheCommand.invoke), so a
+# library error naming a setting names the flag that sets it.
+COMMAND_FLAGS: ContextVar[Mapping[str, str]] = ContextVar("command_flags", default=MappingProxyType({}))
 # The invocation's arguments (set by the root app), for options whose meaning depends on another.
 ARGV: ContextVar[tuple[str, ...]] = ContextVar("argv", default=())
 
@@ -92,15 +95,29 @@ def print_left_out(left_out: int, what: str = "rows") -> None:
         stdout.print(f"[dim]{left_out} more {what} (use --all or --json)[/]")
 
 
+def setting_flag(setting: str) -> str:
+    """The flag of a library setting: the running command's option of that parameter name (its
+    longest spelling, `--hicache-mem-layout` for `layout`), else the name as a flag (`--tp-size`).
+    One flag has one parameter name (tests/cli/test_options.py), so this is the whole mapping."""
+    return COMMAND_FLAGS.get().get(setting) or "--" + setting.replace("_", "-")
+
+
+def error_message(err: HicacheError) -> str:
+    """The error in the CLI's words: a setting the library names becomes the flag that sets it."""
+    if isinstance(err, SettingError):
+        return err.worded(setting_flag(err.setting))
+    return err.message
+
+
 def error_payload(err: HicacheError) -> dict:
-    return {"error": {"code": err.code, "message": err.message, "hint": err.hint}}
+    return {"error": {"code": err.code, "message": error_message(err), "hint": err.hint}}
 
 
 def print_error(err: HicacheError, json_output: bool) -> None:
     if json_output:
         print_json(error_payload(err))
         return
-    stderr.print(f"[bold red]error:[/] {err.message}")
+    stderr.print(f"[bold red]error:[/] {error_message(err)}")
     if err.hint:
         stderr.print(f"[dim]hint:[/] {err.hint}")
 

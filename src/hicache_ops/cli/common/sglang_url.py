@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hicache_ops.cli.common.deployment import PROVENANCE
 from hicache_ops.cli.common.options import INPUT, TimeoutOption
 from hicache_ops.cli.common.output import JSON_EXTRAS, reporting, stderr
 
@@ -60,12 +61,12 @@ SERVER_PARAM = "sglang_server"
 _GIVEN_SOURCES = ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
 
 
-def _given(ctx: typer.Context, name: str) -> bool:
+def option_given(ctx: typer.Context, name: str) -> bool:
     source = ctx.get_parameter_source(name)
     return source is not None and source.name in _GIVEN_SOURCES
 
 
-def _flag(ctx: typer.Context, name: str, value: Any = None) -> str:
+def option_flag(ctx: typer.Context, name: str, value: Any = None) -> str:
     """The option as a user would type it: `--page-size 32`, `--mla`, `--no-mooncake`."""
     param = next((p for p in ctx.command.params if p.name == name), None)
     flag = max(param.opts, key=len) if param is not None and param.opts else "--" + name.replace("_", "-")
@@ -118,14 +119,14 @@ def _rules_from_server(resolution, given: dict) -> dict:
     }
 
 
-def _report(ctx: typer.Context, resolution, params_for: dict[str, str], applied: list[str]) -> None:
+def _report(ctx: typer.Context, resolution, applied: list[str]) -> None:
     server = resolution.server
     if applied:
-        shown = ", ".join(_flag(ctx, params_for[f], resolution.values[f]) for f in applied)
+        shown = ", ".join(option_flag(ctx, f, resolution.values[f]) for f in applied)
         stderr.print(f"[dim]from SGLang {server.version} at {server.url}:[/] {shown}", highlight=False)
     for item in resolution.disagreements:
         stderr.print(
-            f"[bold yellow]warning:[/] {_flag(ctx, params_for[item['field']], item['flag'])} disagrees with "
+            f"[bold yellow]warning:[/] {option_flag(ctx, item['field'], item['flag'])} disagrees with "
             f"the SGLang server ({item['server']}); using the flag.",
             highlight=False,
         )
@@ -143,15 +144,14 @@ def warn_serve_disagreements(disagreements: list[dict]) -> None:
         )
 
 
-def sglang_url_option(*fields: str, **renamed: str) -> Callable:
+def sglang_url_option(*fields: str) -> Callable:
     """Decorate a command so `--sglang-url URL` fills the options named here from the server.
 
-    `fields` are names of `ServerInfo.values()` that are also the command's parameter names;
-    `renamed` maps such a name to the command's parameter of another name (layout="layout_").
+    `fields` are names of `ServerInfo.values()`, which are also the command's parameter names
+    (one flag, one parameter name: tests/cli/test_options.py).
     A command parameter named `sglang_server` is no option: it receives the `ServerInfo` read
     (None without --sglang-url), for what is not an option value (the L3 layout's pools).
     """
-    params_for = {**{name: name for name in fields}, **renamed}
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
@@ -161,10 +161,10 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
                 parameters=[p for p in signature.parameters.values() if p.name != SERVER_PARAM]
             )
         params = {p.name: p for p in signature.parameters.values()}
-        unknown = set(params_for.values()) - set(params)
+        unknown = set(fields) - set(params)
         if unknown:
             raise TypeError(f"{command.__name__} has no parameter {', '.join(sorted(unknown))}")
-        choices = {name: _choices_of(params[name].annotation) for name in params_for.values()}
+        choices = {name: _choices_of(params[name].annotation) for name in fields}
         keyword = inspect.Parameter.KEYWORD_ONLY
         # typer hands the context to one parameter only: reuse the command's own when it has one.
         ctx_name = next((n for n, p in params.items() if p.annotation is typer.Context), None)
@@ -188,29 +188,30 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
             with reporting(json_output):
                 from hicache_ops.sglang.server_info import resolve_from_server
 
-                given = {f: _plain(kwargs[p]) for f, p in params_for.items() if _given(ctx, p)}
+                given = {f: _plain(kwargs[f]) for f in fields if option_given(ctx, f)}
                 resolution = resolve_from_server(sglang_url, given, timeout=timeout)
-                applied = [f for f in params_for if f in resolution.values and f not in given]
+                applied = [f for f in fields if f in resolution.values and f not in given]
                 for name in applied:
-                    param = params_for[name]
-                    kwargs[param] = _as_option(resolution.values[name], choices[param], _flag(ctx, param))
+                    kwargs[name] = _as_option(resolution.values[name], choices[name], option_flag(ctx, name))
                 if takes_server:
                     kwargs[SERVER_PARAM] = resolution.server
-            _report(ctx, resolution, params_for, applied)
-            token = JSON_EXTRAS.set(
-                {
-                    **JSON_EXTRAS.get(),
-                    "sglang_server": resolution.to_json(),
-                    "server_disagreements": resolution.disagreements,
-                    **_rules_from_server(resolution, given),
-                }
-            )
+            _report(ctx, resolution, applied)
+            provenance = {
+                "sglang_server": resolution.to_json(),
+                "server_disagreements": resolution.disagreements,
+                **_rules_from_server(resolution, given),
+            }
+            # The values the command runs with, for deployment_settings(ctx), and what the server said.
+            ctx.params.update({name: kwargs[name] for name in applied})
+            ctx.meta[PROVENANCE] = provenance
+            token = JSON_EXTRAS.set({**JSON_EXTRAS.get(), **provenance})
             try:
                 return command(**kwargs)
             finally:
                 JSON_EXTRAS.reset(token)
 
-        wrapper.__signature__ = signature.replace(parameters=[*own[:at], *added, *own[at:]])
+        signature = signature.replace(parameters=[*own[:at], *added, *own[at:]])
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]  # typer reads the options from it
         return wrapper
 
     return decorate

@@ -36,12 +36,10 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     TryCacheSaltOption,
     TryExtraKeyOption,
-    value_of,
 )
 from hicache_ops.cli.common.output import DETAIL_ROWS, emit, first_rows, print_left_out, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
-from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
-from hicache_ops.sglang.versions import default_version, validate_version
+from hicache_ops.commands.inspect.key_listing import KeyReport, expected_keys
 from hicache_ops.tokens import load_prompt
 
 EXAMPLES = examples(
@@ -173,6 +171,7 @@ def _render_live(report: KeyReport, diff, show_all: bool, choice=None) -> None:
     "dcp_size",
 )
 def keys(
+    ctx: typer.Context,
     tokens: TokensOption = None,
     tokens_file: TokensFileOption = None,
     line: LineOption = None,
@@ -228,34 +227,13 @@ def keys(
     --try-cache-salt look for other namespaces' keys there too.
     """
     with reporting(json_output):
+        from hicache_ops.cli.common.deployment import deployment_settings, side_pools
         from hicache_ops.commands.inspect.results import keys_result
-        from hicache_ops.sglang.host_pool import check_layout_for
-        from hicache_ops.sglang.side_pool_specs import combine_pools, preset
 
-        version = validate_version(value_of(sglang_version) or default_version())
-        preset_pools = []
-        if pool_preset is not None:
-            chosen = preset(pool_preset, version)
-            mla = mla or chosen.mla
-            preset_pools = chosen.specs(page_size)
-        pools = combine_pools(preset_pools, pool or [])
-        check_layout_for(layout.value, mla=mla)
+        settings = deployment_settings(ctx)
+        deployment = settings.topology
+        pools = list(side_pools(ctx, settings))
         prompt = load_prompt(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer)
-        deployment = Deployment(
-            version=version,
-            model_name=model_name,
-            extra_backend_tag=extra_backend_tag,
-            tp_size=tp_size,
-            tp_rank=tp_rank,
-            pp_size=pp_size,
-            pp_rank=pp_rank,
-            mla=mla,
-            layout=layout.value,
-            tp_lcm_size=tp_lcm_size,
-            dcp_size=dcp_size,
-            dcp_rank=dcp_rank,
-            page_size=page_size,
-        )
         choice = None
         if sglang_server is not None:  # --sglang-url: an enabled L3 layout's pools replace the flags'
             from hicache_ops.sglang.l3_layout import choose_pools
@@ -266,7 +244,7 @@ def keys(
                 stderr.print(f"[yellow]note:[/] {note}", highlight=False)
         report = expected_keys(
             prompt.input_ids,
-            page_size,
+            settings.page_size,
             deployment,
             extra_key=extra_key if extra_key is not None else prompt.extra_key,
             cache_salt=cache_salt if cache_salt is not None else prompt.cache_salt,
@@ -286,7 +264,7 @@ def keys(
             admin.health()  # an unreachable or silent master fails here, within --timeout
             diff = live_diff(
                 prompt.input_ids,
-                page_size,
+                settings.page_size,
                 deployment,
                 admin,
                 extra_key=report.extra_key,

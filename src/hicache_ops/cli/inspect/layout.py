@@ -195,7 +195,7 @@ def _render_side(side, pages) -> None:
     "tp_size",
     "tp_lcm_size",
     "mooncake",
-    layout="layout_",
+    "layout",
 )
 def layout(
     preset: PresetOption = None,
@@ -233,7 +233,7 @@ def layout(
     device_tokens: DeviceTokensOption = 65536,
     hicache_ratio: HicacheRatioOption = None,
     hicache_size: HicacheSizeOption = 0,
-    layout_: LayoutOption = HostLayout.page_first,
+    layout: LayoutOption = HostLayout.page_first,
     io_backend: IoBackendOption = IoBackend.kernel,
     tp_size: TpSizeOption = 1,
     tp_lcm_size: TpLcmSizeOption = None,
@@ -290,7 +290,7 @@ def layout(
         )
         report = inspect_layout(
             geometry,
-            layout=layout_.value,
+            layout=layout.value,
             io_backend=io_backend.value,
             page_size=page_size,
             device_tokens=device_tokens,

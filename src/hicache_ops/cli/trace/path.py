@@ -39,10 +39,9 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     WritePolicy,
     WritePolicyOption,
-    value_of,
 )
 from hicache_ops.cli.common.output import JSON_EXTRAS, native_stderr_to_file, reporting, stderr, stdout
-from hicache_ops.cli.common.sglang_url import sglang_url_option
+from hicache_ops.cli.common.sglang_url import option_flag, option_given, sglang_url_option
 from hicache_ops.errors import InputError
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
@@ -123,36 +122,30 @@ def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
         sys.stdin.readline()
 
 
-def _trace(
-    kind: str,
-    prompt_args: dict,
-    engine_args: dict,
-    extra_key,
-    cache_salt,
-    inject,
-    serve_url,
-    flush,
-    step,
-    json_output,
-    timeout: float,
-    engine_flags_given: list[str],
-    allow_writes: bool,
-) -> None:
+# The options of the prompt traced (tokens.load_prompt's arguments).
+PROMPT_OPTIONS = ("tokens", "tokens_file", "line", "text", "tokenizer")
+
+
+def _trace(ctx: typer.Context, kind: str) -> None:
+    """One trace, from the command's options (ctx.params, after --sglang-url filled the ones not given)."""
+    options = ctx.params
+    json_output, step, flush, allow_writes = (options[n] for n in ("json_output", "step", "flush", "allow_writes"))
+    inject, serve_url, timeout = options["inject"], options["serve"], options["timeout"]
     with reporting(json_output):
         from hicache_ops.server.client import check_timeout
         from hicache_ops.tokens import load_prompt
 
         check_timeout(timeout)
-        prompt = load_prompt(**prompt_args)
-        extra_key = extra_key if extra_key is not None else prompt.extra_key
-        cache_salt = cache_salt if cache_salt is not None else prompt.cache_salt
+        prompt = load_prompt(**{name: options[name] for name in PROMPT_OPTIONS})
+        extra_key = options["extra_key"] if options["extra_key"] is not None else prompt.extra_key
+        cache_salt = options["cache_salt"] if options["cache_salt"] is not None else prompt.cache_salt
         if serve_url is not None:
             if inject is not None:
                 raise InputError("--inject works with the embedded engine only, not with --serve.")
-            if engine_flags_given:
+            given = [option_flag(ctx, name) for name in ENGINE_OPTIONS if option_given(ctx, name)]
+            if given:
                 raise InputError(
-                    f"{', '.join(engine_flags_given)} configure the embedded engine; with --serve the serve's own "
-                    "settings apply.",
+                    f"{', '.join(given)} configure the embedded engine; with --serve the serve's own settings apply.",
                     hint="Drop them, or trace without --serve.",
                 )
             if flush and not allow_writes:
@@ -182,7 +175,7 @@ def _trace(
             from hicache_ops.commands.trace.run import check_fault, run_embedded
 
             check_fault(kind, inject)
-            spec = _spec(**engine_args)
+            spec = _spec(ctx)
             with native_stderr_to_file(None, "trace_mooncake.log"):
                 run = run_embedded(
                     kind,
@@ -202,49 +195,34 @@ def _trace(
             stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]")
 
 
-def _spec(
-    preset,
-    page_size,
-    device_tokens,
-    tp_size,
-    sglang_version,
-    model_name,
-    extra_backend_tag,
-    write_policy,
-    stop_policy,
-    prefetch_threshold,
-    layout,
-    dcp_size=1,
-    pool=None,
-    pool_preset=None,
-):
+def _spec(ctx: typer.Context):
+    """The embedded engine the deployment options describe (geometry from --preset), checked before a master starts."""
+    from hicache_ops.cli.common.deployment import deployment_settings, side_pools
     from hicache_ops.engine.builder import EngineSpec
     from hicache_ops.sglang.geometry import preset as load_preset
-    from hicache_ops.sglang.side_pool_specs import side_pools_for
-    from hicache_ops.sglang.versions import default_version, validate_version
 
-    geometry = load_preset(preset)
-    version = validate_version(sglang_version or default_version())
-    spec = EngineSpec(
-        geometry=geometry,
-        page_size=page_size,
-        device_tokens=device_tokens,
-        tp_size=tp_size,
-        sglang_version=version,
-        model_name=model_name,
-        extra_backend_tag=extra_backend_tag,
-        write_policy=write_policy,
-        stop_policy=stop_policy,
-        prefetch_threshold=prefetch_threshold,
-        layout=layout,
-        dcp_size=dcp_size,
-        side_pools=side_pools_for(pool, pool_preset, version, geometry.mla, page_size),
-    )
-    spec.cache_config(spec.host_layout(mooncake=True))  # validate before starting a master
-    from hicache_ops.engine.builder import check_memory
+    geometry = load_preset(ctx.params["preset"])
+    settings = deployment_settings(ctx, mla=geometry.mla)
+    return EngineSpec.of(geometry, settings, side_pools=side_pools(ctx, settings)).validate(mooncake=True)
 
-    check_memory(spec)
-    return spec
+
+# The options that configure the embedded engine (refused with --serve, whose own settings apply).
+ENGINE_OPTIONS = (
+    "page_size",
+    "preset",
+    "device_tokens",
+    "tp_size",
+    "dcp_size",
+    "sglang_version",
+    "model_name",
+    "extra_backend_tag",
+    "write_policy",
+    "prefetch_policy",
+    "prefetch_threshold",
+    "layout",
+    "pool",
+    "pool_preset",
+)
 
 
 def _command(kind: str):
@@ -273,7 +251,7 @@ def _command(kind: str):
         model_name: ModelNameOption = "hicache/tiny",
         extra_backend_tag: ExtraBackendTagOption = None,
         write_policy: WritePolicyOption = WritePolicy.write_through,
-        stop_policy: StopPolicyOption = StopPolicy.timeout,
+        prefetch_policy: StopPolicyOption = StopPolicy.timeout,
         prefetch_threshold: PrefetchThresholdOption = 256,
         layout: LayoutOption = HostLayout.page_first,
         pool: PoolOption = None,
@@ -281,53 +259,7 @@ def _command(kind: str):
         timeout: TimeoutOption = 3.0,
         json_output: JsonOption = False,
     ) -> None:
-        engine_flags = {
-            "page_size": "--page-size",
-            "preset": "--preset",
-            "device_tokens": "--device-tokens",
-            "tp_size": "--tp-size",
-            "dcp_size": "--dcp-size",
-            "sglang_version": "--sglang-version",
-            "model_name": "--model-name",
-            "extra_backend_tag": "--extra-backend-tag",
-            "write_policy": "--hicache-write-policy",
-            "stop_policy": "--hicache-storage-prefetch-policy",
-            "prefetch_threshold": "--prefetch-threshold",
-            "layout": "--hicache-mem-layout",
-            "pool": "--pool",
-            "pool_preset": "--pool-preset",
-        }
-        given = [flag for name, flag in engine_flags.items() if ctx.get_parameter_source(name).name != "DEFAULT"]
-        _trace(
-            kind,
-            dict(tokens=tokens, tokens_file=tokens_file, line=line, text=text, tokenizer=tokenizer),
-            dict(
-                preset=preset,
-                page_size=page_size,
-                device_tokens=device_tokens,
-                tp_size=tp_size,
-                sglang_version=value_of(sglang_version),
-                model_name=model_name,
-                extra_backend_tag=extra_backend_tag,
-                write_policy=write_policy.value,
-                stop_policy=stop_policy.value,
-                prefetch_threshold=prefetch_threshold,
-                layout=layout.value,
-                dcp_size=dcp_size,
-                pool=pool,
-                pool_preset=pool_preset,
-            ),
-            extra_key,
-            cache_salt,
-            inject,
-            serve,
-            flush,
-            step,
-            json_output,
-            timeout,
-            given,
-            allow_writes,
-        )
+        _trace(ctx, kind)
 
     command.__doc__ = (
         {
@@ -352,5 +284,5 @@ read = sglang_url_option(
     "write_policy",
     "prefetch_threshold",
     "layout",
-    prefetch_policy="stop_policy",
+    "prefetch_policy",
 )(_command("read"))

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench.multiturn_workload import MultiturnSpec, workload_tokens
-from hicache_ops.errors import InputError, UnreachableError
+from hicache_ops.errors import InputError, SettingError, UnreachableError
 
 
 def _post(client, url: str, body: dict, timeout: float) -> dict:
@@ -50,7 +50,7 @@ def run_over_http(spec: MultiturnSpec, url: str, *, page_size: int, timeout: flo
     import httpx
 
     if not url.startswith(("http://", "https://")):
-        raise InputError(f"--serve {url!r} must start with http:// or https://.")
+        raise SettingError("serve", f"{url!r} must start with http:// or https://.")
     url = url.rstrip("/")
     questions = workload_tokens(spec)
     n, o = spec.new_tokens, spec.output_tokens

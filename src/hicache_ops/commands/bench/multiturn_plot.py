@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hicache_ops.commands.bench.multiturn import MultiturnResult
 from hicache_ops.commands.bench.multiturn_workload import LABELS
-from hicache_ops.errors import InputError
+from hicache_ops.errors import SettingError
 
 
 def plot_hit_rates(result: MultiturnResult, path: str) -> str:
@@ -26,8 +26,8 @@ def hit_rate_figure(result: MultiturnResult):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InputError(
-            "--plot needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
+        raise SettingError(
+            "plot", "needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
         ) from None
     from matplotlib.ticker import MaxNLocator
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
 from hicache_ops.sglang.versions import NEWEST, validate_version
 
@@ -108,7 +108,7 @@ class MultiturnSpec:
     def validate(self) -> MultiturnSpec:
         def positive_int(name: str, value, minimum: int = 1) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InputError(f"--{name} {value!r} must be an integer >= {minimum}.")
+                raise SettingError(name.replace("-", "_"), f"{value!r} must be an integer >= {minimum}.")
 
         positive_int("clients", self.clients)
         positive_int("rounds", self.rounds)
@@ -127,11 +127,11 @@ class MultiturnSpec:
         if self.l1_tokens is not None:
             positive_int("l1-tokens", self.l1_tokens, self.page_size)
         if self.l1_rounds is not None and not (math.isfinite(self.l1_rounds) and self.l1_rounds > 0):
-            raise InputError(f"--l1-rounds {self.l1_rounds!r} must be a number above 0.")
+            raise SettingError("l1_rounds", f"{self.l1_rounds!r} must be a number above 0.")
         ratio = self.hicache_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 1:
-            raise InputError(
-                f"--hicache-ratio {ratio!r} must be above 1: SGLang needs the host pool larger than the device pool."
+            raise SettingError(
+                "hicache_ratio", f"{ratio!r} must be above 1: SGLang needs the host pool larger than the device pool."
             )
         if self.device_pages < 1:
             raise InputError(

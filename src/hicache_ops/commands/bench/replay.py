@@ -33,7 +33,7 @@ from pydantic import Field
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
 from hicache_ops.commands.bench.replay_trace import TokenSource, Trace
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
 from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only
 from hicache_ops.sglang.versions import NEWEST, validate_version
@@ -82,7 +82,7 @@ class ReplaySpec:
     def validate(self) -> ReplaySpec:
         def integer(name: str, value, minimum: int) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InputError(f"--{name} {value!r} must be an integer >= {minimum}.")
+                raise SettingError(name.replace("-", "_"), f"{value!r} must be an integer >= {minimum}.")
 
         integer("page-size", self.page_size, 1)
         integer("l1-tokens", self.l1_tokens, self.page_size)
@@ -97,21 +97,22 @@ class ReplaySpec:
         if self.l2_tokens is not None:
             integer("l2-tokens", self.l2_tokens, 0)
             if 0 < self.l2_tokens <= self.l1_tokens:
-                raise InputError(
-                    f"--l2-tokens {self.l2_tokens} must be above --l1-tokens {self.l1_tokens} (or 0 for no L2): "
+                raise SettingError(
+                    "l2_tokens",
+                    f"{self.l2_tokens} must be above --l1-tokens {self.l1_tokens} (or 0 for no L2): "
                     "SGLang needs the host pool larger than the device pool.",
                 )
         ratio = self.hicache_ratio
         if ratio is not None and (
             isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 1
         ):
-            raise InputError(
-                f"--hicache-ratio {ratio!r} must be above 1: SGLang needs the host pool larger than the device pool."
+            raise SettingError(
+                "hicache_ratio", f"{ratio!r} must be above 1: SGLang needs the host pool larger than the device pool."
             )
         if isinstance(self.l3, int) and not isinstance(self.l3, bool):
             integer("l3", self.l3, self.page_size)
         elif self.l3 not in L3_MODES:
-            raise InputError(f"--l3 {self.l3!r} must be none, unbounded or a capacity in tokens.")
+            raise SettingError("l3", f"{self.l3!r} must be none, unbounded or a capacity in tokens.")
         if self.l3 != "none" and not self.enable_l2:
             raise InputError(
                 "an L3 tier needs an L2 (host) pool: SGLang stages every L3 read and write through it.",
@@ -499,4 +500,4 @@ def parse_l3(text: str) -> str | int:
     try:
         return int(value.replace("_", ""))
     except ValueError:
-        raise InputError(f"--l3 {text!r} must be none, unbounded or a capacity in tokens.") from None
+        raise SettingError("l3", f"{text!r} must be none, unbounded or a capacity in tokens.") from None

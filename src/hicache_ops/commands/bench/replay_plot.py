@@ -5,7 +5,7 @@ unbounded marks."""
 from __future__ import annotations
 
 from hicache_ops.commands.bench.replay import TIER_LABELS, TIERS
-from hicache_ops.errors import InputError
+from hicache_ops.errors import SettingError
 
 
 def readable_tokens(n: float) -> str:
@@ -27,8 +27,8 @@ def plot_sweep(data: dict, path: str) -> str:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
     except ImportError:
-        raise InputError(
-            "--plot needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
+        raise SettingError(
+            "plot", "needs matplotlib, which is not installed.", hint="pip install matplotlib, or drop --plot."
         ) from None
     points = data["points"]
     tier = data["sweep"]

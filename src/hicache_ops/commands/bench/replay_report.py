@@ -16,7 +16,7 @@ from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
 from hicache_ops.commands.bench.replay import Progress, ReplayRun, ReplaySpec, ReplayTiers, check_fits, replay
 from hicache_ops.commands.bench.replay_trace import TokenSource, Trace
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
 
 MAX_SWEEP_STEPS = 50
@@ -30,9 +30,11 @@ def parse_sweep(text: str, page_size: int) -> list[int]:
         if len(parts) != 3:
             raise ValueError
     except (ValueError, IndexError, OverflowError):
-        raise InputError(f"--sweep range {text!r} must be FROM:TO:STEPS, e.g. 500000:20000000:8.") from None
+        raise SettingError("sweep", f"range {text!r} must be FROM:TO:STEPS, e.g. 500000:20000000:8.") from None
     if not (page_size <= low < high) or not 2 <= steps <= MAX_SWEEP_STEPS:
-        raise InputError(f"--sweep range {text!r} needs {page_size} <= FROM < TO and 2 <= STEPS <= {MAX_SWEEP_STEPS}.")
+        raise SettingError(
+            "sweep", f"range {text!r} needs {page_size} <= FROM < TO and 2 <= STEPS <= {MAX_SWEEP_STEPS}."
+        )
     points = []
     for i in range(steps):
         tokens = round(low * (high / low) ** (i / (steps - 1))) // page_size * page_size

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 
 FORMATS: tuple[str, ...] = ("mooncake", "tokens")
 # Tokens per hash id in the FAST'25 trace release.
@@ -83,7 +83,7 @@ def load_trace(path: str, fmt: str | None = None, limit: int | None = None) -> T
     an InputError naming the file and line.
     """
     if fmt is not None and fmt not in FORMATS:
-        raise InputError(f"--format {fmt!r} is unknown.", hint=f"Use one of: {', '.join(FORMATS)}.")
+        raise SettingError("format", f"{fmt!r} is unknown.", hint=f"Use one of: {', '.join(FORMATS)}.")
     if not os.path.isfile(path):
         raise InputError(f"the trace {path} does not exist or is not a file.")
     requests: list[TraceRequest] = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from hicache_ops import interrupt
-from hicache_ops.errors import CheckFailed, InputError
+from hicache_ops.errors import CheckFailed, SettingError
 from hicache_ops.results import Result
 
 DEFAULT_CASES: tuple[tuple[int, int], ...] = ((256, 256 * 1024), (64, 4 * 1024 * 1024))
@@ -101,7 +101,7 @@ def bench_store(
     from hicache_ops.mooncake.store_client import StoreClient, check_fits_in_memory
 
     if rounds < 1 or not cases or any(c < 1 or s < 1 for c, s in cases):
-        raise InputError("--repeats and every case's object count and size must be >= 1.")
+        raise SettingError("repeats", "and every case's object count and size must be >= 1.")
     largest = max(c * s for c, s in cases)
     # Room for one round of both sides plus the get set, with head-room under the eviction watermark.
     segment = max(64 << 20, 4 * largest)

@@ -113,18 +113,18 @@ def live_diff(
     if first_missing is None:
         return diff
     lookup = Lookup(
-        tokens,
-        page_size,
-        deployment,
-        admin,
-        report,
-        present,
-        prefix,
-        first_missing,
-        extra_key,
-        cache_salt,
-        try_extra_keys,
-        try_cache_salts,
+        tokens=tokens,
+        page_size=page_size,
+        deployment=deployment,
+        admin=admin,
+        report=report,
+        present=present,
+        prefix=prefix,
+        first_missing=first_missing,
+        extra_key=extra_key,
+        cache_salt=cache_salt,
+        try_extra_keys=try_extra_keys,
+        try_cache_salts=try_cache_salts,
     )
     for diagnose in DIAGNOSES:
         diff.diagnosis.extend(diagnose(lookup, diff.diagnosis))

@@ -39,7 +39,7 @@ def _describe_ns(pair: tuple) -> str:
     return f"extra_key={e!r}, cache_salt={s!r}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Lookup:
     """What every diagnosis reads: the expected objects, their presence, the prefix SGLang computes,
     and (fetched on first use) the master's key listing with the alternates worth searching."""

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hicache_ops.commands.inspect.segments import check_segments
+from hicache_ops.errors import SettingError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.sglang.l3_layout import FROM_LAYOUT, L3Layout, flat_suffixes, parse_l3_layout
 from hicache_ops.sglang.page_keys import WARMUP_KEY_PREFIX, dcp_topology
@@ -362,10 +363,9 @@ def inspect_store(
     are checked against the listing too (`server_pools`). Raises InputError for a malformed address
     or layout, UnreachableError when the master or the server does not answer.
     """
-    from hicache_ops.errors import InputError
 
     if limit < 0:
-        raise InputError(f"--limit {limit} must be >= 0.")
+        raise SettingError("limit", f"{limit} must be >= 0.")
     layout, layout_note = _server_layout(sglang_url, timeout) if sglang_url else (None, None)
     with AdminClient(master, timeout=timeout) as admin:
         health = admin.health()

@@ -20,7 +20,7 @@ import time
 from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.commands.lab.status import serve_segment
 from hicache_ops.commands.lab.up import spawn_serve, start_master, wait_serve
-from hicache_ops.errors import HicacheError, InputError
+from hicache_ops.errors import HicacheError, InputError, SettingError
 
 FAULTS = ("loopback-hostname", "host-down", "partition", "master-restart", "slow-link", "heal")
 DEFAULT_SLOW_MS = 200.0
@@ -35,8 +35,9 @@ def _serve_index(lab: dict, host: str | None) -> int:
         return serves[0]
     name = host.removeprefix(topology.PREFIX + "-")
     if not (name.startswith("h") and name[1:].isdigit()) or int(name[1:]) not in serves:
-        raise InputError(
-            f"--host {host!r} is not a serve host of this lab.",
+        raise SettingError(
+            "host",
+            f"{host!r} is not a serve host of this lab.",
             hint=f"Pick one of {', '.join(f'h{i}' for i in serves)} (h0 runs the master).",
         )
     return int(name[1:])
@@ -99,7 +100,7 @@ def fault(
         entry["detail"] = "the master was killed and started again: every object is gone until clients write again"
     elif name == "slow-link":
         if latency_ms <= 0:
-            raise InputError(f"--latency-ms {latency_ms:g} must be > 0.")
+            raise SettingError("latency_ms", f"{latency_ms:g} must be > 0.")
         _restart_serve(folder, lab, index, extra_args=["--inject-l3-latency-ms", f"{latency_ms:g}"])
         entry["detail"] = f"h{index}'s serve adds {latency_ms:g} ms to every L3 page read"
     else:  # heal

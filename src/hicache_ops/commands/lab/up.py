@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.commands.lab.topology import host_address, namespace_name
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 
 MASTER_RPC_PORT = 50051
 MASTER_METRICS_PORT = 9003
@@ -115,8 +115,8 @@ def up(hosts: int = 3, run_dir: str | os.PathLike | None = None) -> dict:
     from hicache_ops.commands.lab.down import down
 
     if not 2 <= hosts <= MAX_HOSTS:
-        raise InputError(
-            f"--hosts {hosts} must be between 2 and {MAX_HOSTS} (h0 runs the master, the others a serve each)."
+        raise SettingError(
+            "hosts", f"{hosts} must be between 2 and {MAX_HOSTS} (h0 runs the master, the others a serve each)."
         )
     topology.require_namespaces()
     folder = state.run_dir(run_dir)

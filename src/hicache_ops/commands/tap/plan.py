@@ -24,7 +24,7 @@ from hicache_ops.commands.tap.recording import (
     truthy,
     with_suffix,
 )
-from hicache_ops.errors import InputError
+from hicache_ops.errors import InputError, SettingError
 
 
 def check_recording_path(path: str) -> None:
@@ -32,14 +32,16 @@ def check_recording_path(path: str) -> None:
     on the server host); a folder or a missing folder would fail only when SGLang loads the tap."""
     full = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(full):
-        raise InputError(
-            f"--path {path!r} is a folder; the tap records into a file.",
+        raise SettingError(
+            "path",
+            f"{path!r} is a folder; the tap records into a file.",
             hint=f"Name a file in it, e.g. --path {os.path.join(path, 'hicache-tap.jsonl')}.",
         )
     folder = os.path.dirname(full)
     if not os.path.isdir(folder):
-        raise InputError(
-            f"--path {path!r}: the folder {folder} does not exist.",
+        raise SettingError(
+            "path",
+            f"{path!r}: the folder {folder} does not exist.",
             hint="Create it on the server host first, or name a file in an existing folder.",
         )
 
@@ -53,8 +55,9 @@ def launch_plan(
     objects: bool = True,
 ) -> dict:
     """The SGLang flags that load the tap, the merged extra-config and where each rank records."""
-    if tp_size < 1 or pp_size < 1:
-        raise InputError(f"--tp-size {tp_size} and --pp-size {pp_size} must be >= 1.")
+    for setting, size in (("tp_size", tp_size), ("pp_size", pp_size)):
+        if size < 1:
+            raise SettingError(setting, f"{size} must be >= 1.")
     if path is not None:
         check_recording_path(path)
     user = dict(extra_config or {})

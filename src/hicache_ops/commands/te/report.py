@@ -30,7 +30,7 @@ from hicache_ops.commands.te.rule import (
     require_mooncake_store,
     show_value,
 )
-from hicache_ops.errors import InputError
+from hicache_ops.errors import SettingError
 from hicache_ops.mooncake.config import CONFIG_PATH_ENV, StoreConfig
 from hicache_ops.sglang.launch import LaunchArgs, default_args, load_extra_config, parse_server_args
 from hicache_ops.sglang.versions import validate_version
@@ -109,17 +109,18 @@ def build_scenario(
         else load_extra_config(extra_config, where="--extra-config")
     )
     if from_args is not None and given is not None and from_args != given:
-        raise InputError(
-            "--extra-config and the server args' --hicache-storage-backend-extra-config differ; SGLang reads only "
-            "the latter.",
+        raise SettingError(
+            "extra_config",
+            "and the server args' --hicache-storage-backend-extra-config differ; SGLang reads only the latter.",
             hint="Give the extra-config once.",
         )
     extra = given if given is not None else from_args
     if config_file is not None:
         current = merged.get(CONFIG_PATH_ENV)
         if current is not None and os.path.abspath(current) != os.path.abspath(config_file):
-            raise InputError(
-                f"--config {config_file!r} contradicts {CONFIG_PATH_ENV}={current!r}.",
+            raise SettingError(
+                "config",
+                f"{config_file!r} contradicts {CONFIG_PATH_ENV}={current!r}.",
                 hint=f"Give one of them (--config stands for {CONFIG_PATH_ENV}).",
             )
         merged[CONFIG_PATH_ENV] = config_file
@@ -156,7 +157,7 @@ def check_reuse(
     if tp_rank is not None:
         if not any(r.rank.tp_rank == tp_rank for r in ev.ranks):
             have = sorted({r.rank.tp_rank for r in ev.ranks})
-            raise InputError(f"--tp-rank {tp_rank} is not a rank of this node (tp ranks {have[0]}..{have[-1]}).")
+            raise SettingError("tp_rank", f"{tp_rank} is not a rank of this node (tp ranks {have[0]}..{have[-1]}).")
         keep = [r for r in ev.ranks if r.rank.tp_rank == tp_rank]
         ev = _narrow(ev, keep)
     # A fix is for the whole deployment (a flag or a variable changes every rank).

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hicache_ops.errors import InputError, UnreachableError
+from hicache_ops.errors import InputError, SettingError, UnreachableError
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -69,7 +69,7 @@ def master_url(address: str) -> str:
         return address.rstrip("/")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise InputError(f"--master {address!r} must be HOST:PORT (the master's metrics port).")
+        raise SettingError("master", f"{address!r} must be HOST:PORT (the master's metrics port).")
     return f"http://{address}"
 
 
