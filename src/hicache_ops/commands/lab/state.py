@@ -102,7 +102,7 @@ def remove(folder: Path) -> None:
 
 
 def labs_up() -> list[str]:
-    """The run folders of every lab up on this machine (listed in the index, state file present)."""
+    """The run folders of every lab up on this machine (listed in the index, state file present), sorted."""
     found = []
     try:
         entries = sorted(e for e in _index().iterdir() if not e.name.startswith("."))
@@ -115,7 +115,7 @@ def labs_up() -> list[str]:
             continue
         if (path / STATE_FILE).is_file() and str(path) not in found:
             found.append(str(path))
-    return found
+    return sorted(found)
 
 
 def other_labs(folder: Path) -> list[str]:
