@@ -1,7 +1,9 @@
 """Several hosts on one machine: real namespaces, a real master in h0, real serve processes in h1
 and h2 reading each other's segments over TCP, the cross-host faults and their diagnoses.
 
-One lab of 3 hosts is shared by the module; the tests run in file order (the last takes it down).
+One lab of 3 hosts is shared by the module; the tests run in file order (test_down_... takes it
+down). A second lab of 2 hosts runs beside it for one test, started and stopped by `hicache lab`
+processes of their own. The module's labs are listed in an index of their own ($HICACHE_LAB_INDEX).
 Skipped only where this machine cannot create network namespaces (not root, no `ip`) outside CI;
 in CI (CI=true) or as root that is a failure.
 """
