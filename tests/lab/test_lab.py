@@ -1,7 +1,9 @@
 """Several hosts on one machine: real namespaces, a real master in h0, real serve processes in h1
 and h2 reading each other's segments over TCP, the cross-host faults and their diagnoses.
 
-One lab of 3 hosts is shared by the module; the tests run in file order (the last takes it down).
+One lab of 3 hosts is shared by the module; the tests run in file order (test_down_... takes it
+down). A second lab of 2 hosts runs beside it for one test, started and stopped by `hicache lab`
+processes of their own. The module's labs are listed in an index of their own ($HICACHE_LAB_INDEX).
 Skipped only where this machine cannot create network namespaces (not root, no `ip`) outside CI;
 in CI (CI=true) or as root that is a failure.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import hicache
-from hicache_ops.commands.lab import processes, topology
+from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.commands.lab.down import down
 from hicache_ops.commands.lab.owners import segment_owners
 from hicache_ops.commands.lab.up import up
@@ -62,13 +64,22 @@ def namespaces_can_be_made():
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    # The module's labs are listed in an index of their own: a bare `lab down` here sees them only.
+    saved = os.environ.get(state.INDEX_ENV)
+    os.environ[state.INDEX_ENV] = str(tmp_path_factory.mktemp("lab-index"))
     folder = tmp_path_factory.mktemp("lab")
-    info = up(3, folder)
-    info["run_dir"] = str(folder)
     try:
-        yield info
+        info = up(3, folder)
+        info["run_dir"] = str(folder)
+        try:
+            yield info
+        finally:
+            down(folder)
     finally:
-        down(folder)
+        if saved is None:
+            os.environ.pop(state.INDEX_ENV, None)
+        else:
+            os.environ[state.INDEX_ENV] = saved
 
 
 def _prompt(lab: dict, name: str, start: int) -> tuple[list[int], Path]:
@@ -96,12 +107,56 @@ def _in_namespace(ns: str, *args: str, timeout: float = 60) -> subprocess.Comple
     return subprocess.run(["ip", "netns", "exec", ns, HICACHE, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def _command(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`hicache ARGS` as a process of its own (what it starts outlives it, as for a user)."""
+    return subprocess.run([HICACHE, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _store_snapshot(master: str) -> tuple[list[str], list[str]]:
+    with AdminClient(master) as admin:
+        return sorted(admin.get_all_keys()), sorted(admin.get_all_segments())
+
+
+def _leftovers(recorded: dict) -> list[str]:
+    """What of a downed lab is still on this machine: namespaces and links with its ID, its processes
+    (alive or zombie: `down` returns only once they are reaped), its state file."""
+    lab_id = recorded["id"]
+    found = topology.existing_namespaces(topology.namespace_prefix(lab_id))
+    found += topology.links(topology.link_prefix(lab_id))
+    found += [f"pid {h['process']['pid']}" for h in recorded["hosts"] if processes.present(h.get("process"))]
+    if (Path(recorded["run_dir"]) / "lab.json").exists():
+        found.append("lab.json")
+    return found
+
+
+def _readable_pages(master: str, page_keys: list[str], unreadable_endpoint: str) -> int:
+    """Leading pages of a prompt none of whose objects sits behind `unreadable_endpoint`: what a reader
+    can fetch before SGLang stops at the first page it cannot read (docs/mooncake.md#several-hosts)."""
+    with AdminClient(master) as admin:
+        names = admin.get_all_keys()
+        readable = 0
+        for page in page_keys:
+            replicas = [r for k in names if page in k for r in admin.query_key(k) or []]
+            assert len(replicas) >= 2, (page, replicas)  # its k and v objects, listed
+            if any(r["transport_endpoint_"] == unreadable_endpoint for r in replicas):
+                break
+            readable += 1
+    return readable
+
+
 def test_up_runs_the_master_in_h0_and_a_serve_per_host(lab):
     result = hicache(["lab", "status", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     status = _json(result)
     assert [r["host"] for r in status["hosts"]] == ["h0", "h1", "h2"]
     assert all(r["alive"] and r["namespace_present"] for r in status["hosts"])
+    # every name carries the lab's ID, and interface names fit Linux's 15 characters
+    lab_id = status["id"]
+    assert len(lab_id) == topology.ID_LENGTH and lab["id"] == lab_id
+    assert [r["namespace"] for r in status["hosts"]] == [f"hicache-{lab_id}-h{i}" for i in range(3)]
+    assert status["bridge"]["name"] == f"hc{lab_id}-br"
+    assert sorted(topology.links(f"hc{lab_id}-")) == sorted([f"hc{lab_id}-br"] + [f"hc{lab_id}-v{i}" for i in range(3)])
+    assert all(len(name) <= topology.IFNAMSIZ for name in topology.links(f"hc{lab_id}-"))
     addresses = [r["address"] for r in status["hosts"]]
     assert len(set(addresses)) == 3 and all(a.startswith(status["subnet"].rsplit(".", 1)[0]) for a in addresses)
     # each serve advertises its own host's address, so the master lists reachable segments
@@ -140,9 +195,9 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     bad_segment = _segment(h1)
     assert bad_segment.startswith("127.0.0.1:")
     tokens, prompt = _prompt(lab, "loopback", 20_000)
-    assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
+    wrote = _prefill(h1, tokens, backup=True, return_keys=True)
+    assert wrote["stored_pages"] == PAGES
     read = _prefill(h2, tokens)
-    assert read["storage_hit"] < len(tokens)  # listed on the master, unreadable from h2
 
     store = _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))
     flagged = {p["segment"]: p["problem"] for p in store["segment_problems"]}
@@ -151,6 +206,12 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     problem = store["segment_problems"][0]
     assert problem["host"] == "h1" and "It belongs to lab host h1" in problem["note"]
     endpoint = problem["te_endpoint"]
+    # Listed on the master, but h2 reads only the leading pages whose objects all landed outside h1's
+    # segment (a put goes to any mounted segment): 0 unless page 0's k and v both sit in h2's segment.
+    expected = _readable_pages(lab["master"]["metrics"], wrote["page_keys"][: PAGES - 1], endpoint)
+    assert read["storage_hit"] == expected * PAGE_SIZE, (read["storage_hit"], expected, read["prefetch"])
+    if expected < PAGES - 1:
+        assert read["prefetch"]["reason"] == f"page {expected} could not be read from L3", read["prefetch"]
     owners = segment_owners(
         [
             (bad_segment, endpoint),
@@ -197,6 +258,12 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     assert finding["evidence"]["segment_problems"][0]["segment"] == bad_segment
     assert finding["evidence"]["segment_problems"][0]["host"] == "h1"
     assert "MOONCAKE_LOCAL_HOSTNAME" in finding["fix"]
+    # as a person reads it: key value pairs, no Python reprs
+    human = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt])
+    flat = " ".join(human.stdout.split())
+    assert f"evidence segment_problems: segment {bad_segment}, te_endpoint 127.0.0.1:" in flat, human.stdout
+    assert ", problem loopback, host h1," in flat
+    assert not any(mark in human.stdout for mark in ("{'", "'host'", "None", "[{")), human.stdout
 
     healed = hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert healed.exit_code == 0, healed.stdout
@@ -206,12 +273,24 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     )
 
 
-def test_partition_cuts_the_master_but_not_the_peers(lab):
-    h2 = lab["hosts"][2]
+def test_partition_after_a_host_down_is_the_first_finding_from_either_side(lab):
+    h1, h2 = lab["hosts"][1], lab["hosts"][2]
+    master = lab["master"]["metrics"]
+    # an earlier host-down, recovered: heal returns once the dead serve's segment has left the master
+    dead_segment = _segment(h1["url"])
+    assert hicache(["lab", "fault", "host-down", "--on", "h1", "--run-dir", lab["run_dir"]]).exit_code == 0
+    assert hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"]]).exit_code == 0
+    assert dead_segment not in _store_snapshot(master)[1]
+    tokens, prompt = _prompt(lab, "partition", 30_000)
+    assert _prefill(h1["url"], tokens, backup=True)["stored_pages"] == PAGES
+
     result = hicache(["lab", "fault", "partition", "--on", "h2", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     try:
-        store = _in_namespace(h2["namespace"], "inspect", "store", "--master", lab["master"]["metrics"], "--json")
+        # fault returns once h2's serve sees the partition
+        with ServeClient(h2["url"]) as client:
+            assert client.stats()["l3"]["state"] == "down"
+        store = _in_namespace(h2["namespace"], "inspect", "store", "--master", master, "--json")
         assert store.returncode == 3, store.stdout
         peer = subprocess.run(
             [
@@ -221,14 +300,13 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
                 h2["namespace"],
                 sys.executable,
                 "-c",
-                f"import socket; socket.create_connection(('{lab['hosts'][1]['address']}', 18080), timeout=2)",
+                f"import socket; socket.create_connection(('{h1['address']}', 18080), timeout=2)",
             ],
             capture_output=True,
             text=True,
             timeout=30,
         )
         assert peer.returncode == 0, peer.stderr
-        tokens, prompt = _prompt(lab, "partition", 30_000)
         run = _in_namespace(
             h2["namespace"],
             "playbook",
@@ -240,11 +318,72 @@ def test_partition_cuts_the_master_but_not_the_peers(lab):
             str(prompt),
             "--json",
         )
-        assert json.loads(run.stdout)["finding"]["check"].endswith("This host reaches the master"), run.stdout
-        # the master still answers from this (root) namespace: a partition, not a dead master
-        assert hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]).exit_code == 0
+        assert json.loads(run.stdout)["finding"]["check"] == "1. This host reaches the master", run.stdout
+        # The master answers from this (root) namespace: a partition, not a dead master. Once the
+        # client TTL has taken h2's segment off the master the store stays as it is; the playbook,
+        # run twice from here, names the partition both times and changes nothing.
+        deadline = time.monotonic() + 60
+        while any(s.startswith(h2["address"] + ":") for s in _store_snapshot(master)[1]):
+            assert time.monotonic() < deadline, "the partitioned host's segment is still listed after 60 s"
+            time.sleep(0.5)
+        before = _store_snapshot(master)
+        for _ in range(2):
+            run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2["url"], "--prompt", prompt, "--json"])
+            assert run.exit_code == 1, run.stdout
+            data = _json(run)
+            assert data["finding"]["check"] == "2. The instance reaches the master", run.stdout
+            assert [c["status"] for c in data["checks"]] == ["clear", "finding"]
+            assert f"the serve at {h2['url']} has its L3 down" in data["finding"]["evidence"]["error.message"]
+        assert _store_snapshot(master) == before
     finally:
         assert hicache(["lab", "fault", "heal", "--on", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
+    with ServeClient(h2["url"]) as client:
+        assert client.stats()["l3"]["state"] == "up"
+
+
+def test_two_labs_run_side_by_side_and_down_touches_only_its_own(lab, tmp_path):
+    """A second lab beside the module's, started and stopped as a user would (its own processes, so
+    what it starts is PID 1's to reap): its own ID, subnet, master; a bare down names both labs and
+    stops neither; down of one leaves the other working; nothing of the downed one is left."""
+    other_dir = tmp_path / "other"
+    started = _command("lab", "up", "--hosts", "2", "--run-dir", str(other_dir), "--json")
+    assert started.returncode == 0, started.stderr
+    other = json.loads((other_dir / "lab.json").read_text())
+    other["run_dir"] = str(other_dir)
+    try:
+        mine = json.loads((Path(lab["run_dir"]) / "lab.json").read_text())
+        mine["run_dir"] = lab["run_dir"]
+        assert other["id"] != mine["id"] and other["subnet"] != mine["subnet"]
+        assert other["bridge"]["name"] != mine["bridge"]["name"]
+        for folder, info in ((lab["run_dir"], mine), (str(other_dir), other)):
+            status = _json(hicache(["lab", "status", "--run-dir", folder, "--json"]))
+            assert status["id"] == info["id"] and all(r["alive"] and r["namespace_present"] for r in status["hosts"])
+        # each lab has its own master: what the other lab's serve stores lands there only
+        tokens, _ = _prompt(lab, "other-lab", 45_000)
+        before = _store_snapshot(mine["master"]["metrics"])
+        assert _prefill(other["hosts"][1]["url"], tokens, backup=True)["stored_pages"] == PAGES
+        assert len(_store_snapshot(other["master"]["metrics"])[0]) >= PAGES
+        assert _store_snapshot(mine["master"]["metrics"]) == before
+
+        env = {k: v for k, v in os.environ.items() if k != state.RUN_DIR_ENV}
+        bare = _command("lab", "down", env=env)
+        assert bare.returncode == 2, bare.stderr
+        assert "2 labs are up on this machine" in bare.stderr and str(other_dir) in bare.stderr, bare.stderr
+        assert lab["run_dir"] in bare.stderr and "Traceback" not in bare.stderr
+        assert _leftovers(other) != [] and _leftovers(mine) != []  # neither was touched
+
+        stopped = _command("lab", "down", "--run-dir", str(other_dir), "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["not_reaped"] == []
+        assert _leftovers(other) == []  # no namespace, link, process (not even a zombie) or state
+    finally:
+        _command("lab", "down", "--run-dir", str(other_dir))
+    # the module's lab still works: h1 writes, h2 reads across hosts
+    status = _json(hicache(["lab", "status", "--run-dir", lab["run_dir"], "--json"]))
+    assert all(r["alive"] and r["namespace_present"] for r in status["hosts"])
+    tokens, _ = _prompt(lab, "after-other-down", 47_000)
+    assert _prefill(lab["hosts"][1]["url"], tokens, backup=True)["stored_pages"] == PAGES
+    assert _prefill(lab["hosts"][2]["url"], tokens)["storage_hit"] == READABLE
 
 
 def test_slow_link_is_cut_by_the_stop_policy(lab):
@@ -258,8 +397,8 @@ def test_slow_link_is_cut_by_the_stop_policy(lab):
         assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
         run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
         data = _json(run)
-        assert data["finding"]["check"] == "6. Slow reads cut by the stop policy", run.stdout
-        assert [c["status"] for c in data["checks"][:5]] == ["clear"] * 5
+        assert data["finding"]["check"] == "7. Slow reads cut by the stop policy", run.stdout
+        assert [c["status"] for c in data["checks"][:6]] == ["clear"] * 6
     finally:
         assert hicache(["lab", "fault", "heal", "--on", "h2", "--run-dir", lab["run_dir"]]).exit_code == 0
 
@@ -271,7 +410,7 @@ def test_master_restart_loses_every_object_and_clients_remount(lab):
     result = hicache(["lab", "fault", "master-restart", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
-    assert _json(run)["finding"]["check"] == "5. The objects are gone", run.stdout
+    assert _json(run)["finding"]["check"] == "6. The objects are gone", run.stdout
     deadline = time.monotonic() + 30
     with AdminClient(lab["master"]["metrics"]) as admin:
         while len(admin.get_all_segments()) < 2:  # both serves re-mount by themselves
@@ -315,7 +454,7 @@ def test_host_down_takes_its_objects_off_the_master(lab, monkeypatch):
     run = hicache(
         ["playbook", "run", "cross-host-miss", "--serve", lab["hosts"][2]["url"], "--prompt", prompt, "--json"]
     )
-    assert _json(run)["finding"]["check"] == "5. The objects are gone", run.stdout
+    assert _json(run)["finding"]["check"] == "6. The objects are gone", run.stdout
 
 
 def test_down_removes_every_namespace_link_and_process(lab):
@@ -323,11 +462,10 @@ def test_down_removes_every_namespace_link_and_process(lab):
     records = [h["process"] for h in recorded["hosts"] if h.get("process")]
     result = hicache(["lab", "down", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not [line for line in listed.splitlines() if line.startswith("hicache-h")]
-    assert not topology.link_exists(topology.BRIDGE)
+    recorded["run_dir"] = lab["run_dir"]
+    assert _leftovers(recorded) == []
     assert not any(topology.link_exists(h["veth"]) for h in recorded["hosts"])
-    assert not any(processes.alive(r) for r in records)
+    assert not any(processes.present(r) for r in records)
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert lab["run_dir"] not in ps  # every serve was started with --log-dir under the run folder
     assert not (Path(lab["run_dir"]) / "lab.json").exists()
@@ -381,7 +519,29 @@ def test_down_cleans_up_after_the_lab_command_is_killed_midway(tmp_path):
         command.wait()
     records = [h["process"] for h in json.loads(state_file.read_text())["hosts"]]
     assert any(processes.alive(r) for r in records)  # they outlive the killed command
+    recorded = json.loads(state_file.read_text())
+    recorded["run_dir"] = str(folder)
     result = hicache(["lab", "down", "--run-dir", folder, "--json"])
     assert result.exit_code == 0, result.stdout
-    assert not topology.existing_namespaces() and not topology.link_exists(topology.BRIDGE)
-    assert not any(processes.alive(r) for r in records)
+    assert _leftovers(recorded) == []  # also no zombie: they were PID 1's children, and down waited
+
+
+def test_bare_down_stops_the_only_lab_and_names_several_without_stopping_any(tmp_path, monkeypatch):
+    """Which lab a `lab down` without --run-dir means, from the state files `lab up` writes (the labs
+    here hold no host, so nothing else on the machine is touched)."""
+    monkeypatch.setenv(state.INDEX_ENV, str(tmp_path / "index"))
+    monkeypatch.delenv(state.RUN_DIR_ENV, raising=False)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, lab_id in ((first, "zq01"), (second, "zq02")):
+        bridge = {"name": topology.bridge_name(lab_id), "address": "10.213.99.254"}
+        state.save(folder, {"id": lab_id, "subnet": "10.213.99.0/24", "bridge": bridge, "hosts": [], "faults": []})
+    both = hicache(["lab", "down"])
+    assert both.exit_code == 2, both.stdout
+    assert f"2 labs are up on this machine ({first}, {second}); name the one to stop." in both.stderr
+    assert f"--run-dir {first}" in both.stderr
+    assert (first / "lab.json").exists() and (second / "lab.json").exists()  # neither was stopped
+    state.remove(second)
+    only = hicache(["lab", "down", "--json"])
+    assert only.exit_code == 0, only.stdout
+    assert _json(only)["run_dir"] == str(first) and _json(only)["id"] == "zq01"
+    assert not (first / "lab.json").exists() and state.labs_up() == []

@@ -39,7 +39,7 @@ def test_cross_host_miss_passes_on_one_host_then_finds_objects_gone(tmp_path_fac
             other = tmp_path / "never.json"
             other.write_text(json.dumps(list(range(60_000, 60_160))))
             result = hicache(["playbook", "run", "cross-host-miss", "--serve", reader.url, "--prompt", other, "--json"])
-            assert json.loads(result.stdout)["finding"]["check"] == "5. The objects are gone", result.stdout
+            assert json.loads(result.stdout)["finding"]["check"] == "6. The objects are gone", result.stdout
         finally:
             reader.stop()
     finally:

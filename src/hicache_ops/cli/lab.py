@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 from hicache_ops.cli.common.options import JsonOption
@@ -14,7 +15,9 @@ app = typer.Typer(
     cls=HicacheGroup,
     help="Several hosts on one machine (network namespaces, needs root): rehearse cross-host incidents.",
     no_args_is_help=True,
-    epilog=examples("sudo hicache lab up --hosts 3", "hicache lab status", "sudo hicache lab down"),
+    epilog=examples(
+        "sudo hicache lab up --hosts 3", "hicache lab status", "sudo hicache lab down --run-dir /run/hicache-lab"
+    ),
 )
 
 RunDirOption = Annotated[
@@ -35,7 +38,7 @@ OnHostOption = Annotated[
 ]
 
 
-def _table(data: dict) -> None:
+def _table(data: dict[str, Any]) -> None:
     """Plain aligned columns (a Rich table would squeeze them on an 80-column pipe)."""
     header = ("host", "namespace", "address", "process", "pid", "URL", "segment", "faults")
     lines = [header]
@@ -55,7 +58,8 @@ def _table(data: dict) -> None:
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     stdout.print(
-        f"[bold]hicache lab[/] {data['subnet']}  (this host: {data['bridge']['address']} on {data['bridge']['name']})"
+        f"[bold]hicache lab {data['id'] or ''}[/] {data['subnet']}  "
+        f"(this host: {data['bridge']['address']} on {data['bridge']['name']})"
     )
     for n, line in enumerate(lines):
         text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -77,7 +81,8 @@ def up(
     run_dir: RunDirOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Create namespaces hicache-h0.., start the master in h0 and a serve in every other host."""
+    """Create namespaces hicache-ID-h0.. (ID and subnet picked per lab), start the master in h0 and a serve in every
+    other host."""
     with reporting(json_output):
         from hicache_ops.commands.lab.status import status
         from hicache_ops.commands.lab.up import up as lab_up
@@ -86,17 +91,30 @@ def up(
         emit(status(run_dir), json_output, _table)
 
 
-@app.command("down", cls=HicacheCommand, epilog=examples("sudo hicache lab down"))
+@app.command(
+    "down",
+    cls=HicacheCommand,
+    epilog=examples("sudo hicache lab down", "sudo hicache lab down --run-dir /run/hicache-lab"),
+)
 def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
-    """Stop every process and remove every namespace and link the lab created (idempotent)."""
+    """Stop every process and remove every namespace and link of one lab (idempotent); other labs are left
+    alone.
+
+    Without --run-dir (and $HICACHE_LAB_DIR) it stops the only lab up on this machine, and refuses, naming
+    them, when several are up."""
     with reporting(json_output):
         from hicache_ops.commands.lab.down import down as lab_down
 
         data = lab_down(run_dir)
 
-        def render(d: dict) -> None:
+        def render(d: dict[str, Any]) -> None:
             stopped = ", ".join(f"{s['host']} pid {s['pid']}" for s in d["stopped"]) or "nothing running"
-            stdout.print(f"stopped: {stopped}; namespaces removed: {', '.join(d['namespaces_removed']) or 'none'}")
+            removed = ", ".join(d["namespaces_removed"]) or "none"
+            lab = f"lab {d['id']} in {d['run_dir']}" if d["id"] else d["run_dir"]
+            stdout.print(f"{lab}: stopped {stopped}; namespaces removed: {removed}", markup=False)
+            if d["not_reaped"]:
+                pids = ", ".join(str(p) for p in d["not_reaped"])
+                stdout.print(f"not yet reaped by their parent (zombies): pid {pids}", markup=False)
 
         emit(data, json_output, render)
 
@@ -141,8 +159,8 @@ def fault(
         data = lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir)
         data.pop("lab")
 
-        def render(d: dict) -> None:
-            stdout.print(f"[bold]fault {d['name']}[/] on {d['host']}: {d['detail']}")
+        def render(d: dict[str, Any]) -> None:
+            stdout.print(f"[bold]fault {d['name']}[/] on {d['host']}: {escape(d['detail'])}")
             _table(lab_status(run_dir))
 
         emit(data, json_output, render)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.markdown import Markdown
+from rich.markup import escape
 
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 from hicache_ops.cli.common.options import (
@@ -28,6 +29,33 @@ app = typer.Typer(
     no_args_is_help=True,
     epilog=examples("hicache playbook list", "hicache playbook show no-l3-hit"),
 )
+
+
+def evidence_text(value: object) -> str:
+    """Evidence as a person reads it, not as Python prints it: a mapping as `key value` pairs (empty
+    values left out), a list of several items one per line."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        pairs = [f"{k} {_inline(v)}" for k, v in value.items() if v not in (None, "", [], {})]
+        return ", ".join(pairs) or "none"
+    if isinstance(value, list):
+        if len(value) == 1:
+            return evidence_text(value[0])
+        return "".join(f"\n  - {evidence_text(item)}" for item in value) or "none"
+    return str(value)
+
+
+def _inline(value: object) -> str:
+    """A value inside a mapping: nested lists and mappings stay on the line."""
+    if isinstance(value, list):
+        return "; ".join(_inline(v) for v in value)
+    if isinstance(value, dict):
+        return f"({evidence_text(value)})"
+    return evidence_text(value)
+
 
 _MARK = {
     "finding": "[bold red]FINDING[/]",
@@ -148,7 +176,7 @@ def run(
             else:
                 stdout.print(f"[bold red]diagnosis:[/] {finding['diagnosis']}", soft_wrap=False)
                 for path, value in finding["evidence"].items():
-                    stdout.print(f"[bold]evidence[/] {path}: {value}", soft_wrap=False)
+                    stdout.print(f"[bold]evidence[/] {escape(path)}: {escape(evidence_text(value))}", soft_wrap=False)
                 stdout.print(f"[bold green]fix:[/] {finding['fix']}", soft_wrap=False)
             for outcome in d["checks"]:
                 note = f"  [dim]{outcome['note']}[/]" if outcome["note"] else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.errors import InputError
@@ -24,7 +25,7 @@ from hicache_ops.mooncake.net import is_loopback, parse_host_port
 LISTEN = "0A"  # the TCP state of a listening socket in /proc/net/tcp
 
 
-def _load_lab(run_dir: str | os.PathLike | None) -> dict | None:
+def _load_lab(run_dir: str | os.PathLike[str] | None) -> dict[str, Any] | None:
     try:
         return state.load(state.run_dir(run_dir))
     except (InputError, OSError):  # an unreadable state file is `lab status`'s to report, not ours
@@ -47,20 +48,20 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def _namespace_ports(host: dict) -> set[int]:
+def _namespace_ports(host: dict[str, Any]) -> set[int]:
     """Ports listening in the host's namespace, seen through its recorded process or any other in it."""
     record = host.get("process")
-    pids = [record["pid"]] if processes.alive(record) else topology.namespace_pids(host["namespace"])[:1]
+    pids = [record["pid"]] if record and processes.alive(record) else topology.namespace_pids(host["namespace"])[:1]
     return listening_ports(pids[0]) if pids else set()
 
 
-def _name(host: dict) -> str:
+def _name(host: dict[str, Any]) -> str:
     return f"h{host['index']}"
 
 
 def segment_owners(
-    segments: Iterable[tuple[str, str | None]], run_dir: str | os.PathLike | None = None
-) -> dict[str, dict]:
+    segments: Iterable[tuple[str, str | None]], run_dir: str | os.PathLike[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """{segment: {"host", "candidates", "basis"}} for (segment name, Transfer Engine endpoint) pairs
     as the master lists them, where a lab is up.
 
@@ -75,7 +76,7 @@ def segment_owners(
     serves = [h for h in lab["hosts"] if h.get("role") == "serve"]
     reported: dict[str, str | None] | None = None  # host name -> the segment its serve reports
     ports: dict[str, set[int]] = {}
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for segment, endpoint in dict(segments).items():
         try:
             address, _ = parse_host_port(segment or "", what="segment")
@@ -102,7 +103,7 @@ def segment_owners(
     return out
 
 
-def _decide(segment: str, port: int, by_report: list[str], by_port: list[str], serves: list[str]) -> dict:
+def _decide(segment: str, port: int, by_report: list[str], by_port: list[str], serves: list[str]) -> dict[str, Any]:
     def listens(hosts: list[str]) -> str:
         return f"port {port} listens in {', '.join(hosts)}" if hosts else f"port {port} listens in no lab host"
 
@@ -126,7 +127,7 @@ def _decide(segment: str, port: int, by_report: list[str], by_port: list[str], s
     }
 
 
-def describe(owner: dict | None) -> str:
+def describe(owner: dict[str, Any] | None) -> str:
     """A clause for a message: 'lab host h1 (basis)' or 'one of the lab hosts h1, h2 (basis)'."""
     if not owner:
         return ""

@@ -3,6 +3,10 @@
 Each is started as `ip netns exec NS ARGV` (ip execs ARGV, so the PID is ARGV's) in its own
 session, so it outlives `hicache lab up`. Its PID and kernel start time are recorded: a PID the
 kernel has since given to another process is never signalled.
+
+Once `lab up` has exited, the processes it started are children of PID 1, which reaps them
+whenever it gets to it (about 1.5 s on this machine): until then a stopped one is a zombie. `down`
+waits for each to be gone, not merely dead, so it returns with nothing of the lab left.
 """
 
 from __future__ import annotations
@@ -13,28 +17,63 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from hicache_ops.errors import UnreachableError
 
+Record = dict[str, Any]  # {"pid", "start_time", "argv", "log", ...} as the state file keeps it
+# How long `down` waits for a stopped process to be reaped (by this process or by PID 1).
+REAP_WAIT_S = 15.0
+
 # Popen objects of children of this process, reaped when stopped (a zombie still answers kill 0).
-_children: dict[int, subprocess.Popen] = {}
+_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat), None if gone."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks) from /proc/PID/stat (fields 3 and 22), None if no such PID."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
-    return None if fields[0] == "Z" else fields[19]
+    return fields[0], fields[19]
 
 
-def alive(record: dict | None) -> bool:
-    return bool(record) and start_time(record["pid"]) == record["start_time"]
+def start_time(pid: int) -> str | None:
+    """The process's start time, None if gone or a zombie."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] == "Z" else stat[1]
 
 
-def spawn(namespace: str, argv: list[str], env: dict[str, str], log: Path) -> dict:
+def alive(record: Record | None) -> bool:
+    if not record:
+        return False
+    return start_time(record["pid"]) == record["start_time"]
+
+
+def present(record: Record | None) -> bool:
+    """Still in the process table, alive or a zombie not yet reaped (the same process, not a reused PID)."""
+    if not record:
+        return False
+    stat = _stat(record["pid"])
+    return stat is not None and (record.get("start_time") is None or stat[1] == record["start_time"])
+
+
+def wait_gone(records: list[Record], timeout: float = REAP_WAIT_S) -> list[int]:
+    """Reap what this process can and wait for the rest to leave the process table; the PIDs still
+    there (zombies nobody reaped) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    left = [r for r in records if r]
+    while True:
+        for record in left:
+            _reap(record["pid"])
+        left = [r for r in left if present(r)]
+        if not left or time.monotonic() > deadline:
+            return [r["pid"] for r in left]
+        time.sleep(0.05)
+
+
+def spawn(namespace: str, argv: list[str], env: dict[str, str], log: Path) -> Record:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -65,9 +104,9 @@ def _reap(pid: int) -> None:
             _children[pid] = proc
 
 
-def stop(record: dict | None, *, grace: float = 20.0) -> None:
+def stop(record: Record | None, *, grace: float = 20.0) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once); only if still the same process."""
-    if not alive(record):
+    if record is None or not alive(record):
         if record:
             _reap(record["pid"])
         return
@@ -91,20 +130,20 @@ def stop(record: dict | None, *, grace: float = 20.0) -> None:
     _reap(pid)
 
 
-def kill_all(pids: list[int]) -> None:
+def kill_all(pids: list[int]) -> list[Record]:
+    """SIGKILL each PID; records of them (their current start time) for wait_gone."""
+    records = []
     for pid in pids:
+        started = _stat(pid)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    for pid in pids:
-        _reap(pid)
-        while start_time(pid) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
+            continue
+        records.append({"pid": pid, "start_time": started[1] if started else None})
+    return records
 
 
-def wait_http(host: str, port: int, path: str, record: dict, *, timeout: float, what: str) -> None:
+def wait_http(host: str, port: int, path: str, record: Record, *, timeout: float, what: str) -> None:
     """Poll GET path until HTTP 200; UnreachableError naming the log if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
     while True:

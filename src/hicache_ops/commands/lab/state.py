@@ -1,17 +1,27 @@
 """The lab's state file: what was created and started, written before each step so `down` can
 undo it after a crash of the process that built it.
 
-    run_dir/lab.json  {"subnet", "bridge", "hosts": [{"index", "namespace", "address", "role",
-                       "process": {"pid", "start_time", "argv", "env", "log"}, "url", ...}], "faults"}
+    run_dir/lab.json  {"id", "subnet", "bridge": {"name", "address"}, "master",
+                       "hosts": [{"index", "namespace", "address", "veth", "role", "url", "segment",
+                                  "process": {"pid", "start_time", "argv", "env", "log"}, ...}],
+                       "faults"}
+
+"id" names everything the lab creates (topology.py); a lab is addressed by its folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hicache_ops.errors import InputError
+
+Lab = dict[str, Any]  # the state file's content (the layout above)
 
 RUN_DIR_ENV = "HICACHE_LAB_DIR"
 DEFAULT_RUN_DIR = "/run/hicache-lab"
@@ -22,16 +32,18 @@ def run_dir(path: str | os.PathLike | None = None) -> Path:
     return Path(path or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
 
 
-def load(folder: Path) -> dict | None:
+def load(folder: Path) -> Lab | None:
     path = folder / STATE_FILE
     try:
-        return json.loads(path.read_text())
+        data: Lab = json.loads(path.read_text())
+        return data
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise InputError(
             f"the lab state file {path} is unreadable ({exc}).",
-            hint="Remove it and the hicache-* namespaces by hand (ip netns delete).",
+            hint="Remove it, the lab's namespaces (hicache-ID-hK) and links (hcID-*) by hand "
+            "(ip netns delete, ip link delete).",
         ) from None
 
 
@@ -51,7 +63,25 @@ def _index_entry(folder: Path) -> Path:
     return _index() / hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:16]
 
 
-def save(folder: Path, state: dict) -> None:
+@contextlib.contextmanager
+def creating() -> Iterator[None]:
+    """Held while a lab picks its ID and subnet and creates its links, so two `lab up` at once do not
+    pick the same /24 (a lock file in the index folder; without one, no lock)."""
+    try:
+        _index().mkdir(parents=True, exist_ok=True)
+        handle = open(_index() / ".lock", "a")  # noqa: SIM115 - held for the with-block
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save(folder: Path, state: Lab) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2))
@@ -71,11 +101,11 @@ def remove(folder: Path) -> None:
         pass
 
 
-def other_labs(folder: Path) -> list[str]:
-    """The run folders of the labs up on this machine other than `folder`."""
+def labs_up() -> list[str]:
+    """The run folders of every lab up on this machine (listed in the index, state file present), sorted."""
     found = []
     try:
-        entries = sorted(_index().iterdir())
+        entries = sorted(e for e in _index().iterdir() if not e.name.startswith("."))
     except OSError:
         return []
     for entry in entries:
@@ -83,9 +113,45 @@ def other_labs(folder: Path) -> list[str]:
             path = Path(entry.read_text().strip())
         except OSError:
             continue
-        if path != folder.resolve() and (path / STATE_FILE).is_file():
+        if (path / STATE_FILE).is_file() and str(path) not in found:
             found.append(str(path))
-    return found
+    return sorted(found)
+
+
+def other_labs(folder: Path) -> list[str]:
+    """The run folders of the labs up on this machine other than `folder`."""
+    return [path for path in labs_up() if Path(path) != folder.resolve()]
+
+
+def subnets_in_use() -> list[str]:
+    """The subnets the labs up on this machine recorded."""
+    subnets = []
+    for path in labs_up():
+        try:
+            lab = load(Path(path))
+        except InputError:
+            continue
+        if lab and lab.get("subnet"):
+            subnets.append(str(lab["subnet"]))
+    return subnets
+
+
+def lab_to_stop(path: str | os.PathLike | None) -> Path:
+    """The folder `lab down` works on: the one given (--run-dir, else $HICACHE_LAB_DIR); without
+    either, the only lab up on this machine, or the default folder when none is. Several labs up
+    and none named: InputError listing them, so a bare `down` never stops someone else's lab."""
+    if path or os.environ.get(RUN_DIR_ENV):
+        return run_dir(path)
+    default = run_dir(None)
+    up = labs_up()
+    if (default / STATE_FILE).is_file() and str(default.resolve()) not in up:
+        up.insert(0, str(default))
+    if len(up) > 1:
+        raise InputError(
+            f"{len(up)} labs are up on this machine ({', '.join(up)}); name the one to stop.",
+            hint=f"Pass its folder: hicache lab down --run-dir {up[0]}.",
+        )
+    return Path(up[0]) if up else default
 
 
 def no_lab_error(folder: Path) -> InputError:

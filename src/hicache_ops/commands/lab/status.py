@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hicache_ops.commands.lab import processes, state, topology
+from hicache_ops.commands.lab.state import Lab
 
 
-def serve_segment(host: dict) -> str | None:
+def serve_segment(host: dict[str, Any]) -> str | None:
     """The Mooncake segment a serve mounted, as the master lists it (None if it does not answer)."""
     if not host.get("url"):
         return None
@@ -16,12 +18,13 @@ def serve_segment(host: dict) -> str | None:
 
     try:
         with ServeClient(host["url"], timeout_s=2.0) as client:
-            return client.stats()["config"].get("segment")
+            segment = client.stats()["config"].get("segment")
     except HicacheError:
         return None
+    return str(segment) if segment else None
 
 
-def rows(lab: dict) -> list[dict]:
+def rows(lab: Lab) -> list[dict[str, Any]]:
     """One row per host: host, namespace, address, process (name, PID, alive), URL, faults."""
     out = []
     for host in lab["hosts"]:
@@ -45,7 +48,7 @@ def rows(lab: dict) -> list[dict]:
     return out
 
 
-def status(run_dir: str | os.PathLike | None = None) -> dict:
+def status(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     folder = state.run_dir(run_dir)
     lab = state.load(folder)
     if lab is None:
@@ -56,6 +59,7 @@ def status(run_dir: str | os.PathLike | None = None) -> dict:
         row["namespace_present"] = row["namespace"] in present
     return {
         "run_dir": str(folder),
+        "id": lab.get("id"),
         "subnet": lab["subnet"],
         "bridge": lab["bridge"],
         "master": lab["master"],

@@ -1,4 +1,6 @@
-"""`hicache lab up`: namespaces hicache-h0..hN on one bridge, the master in h0, a serve in each other host.
+"""`hicache lab up`: namespaces hicache-ID-h0..hN on one bridge, the master in h0, a serve in each other host.
+
+ID and the subnet are picked per lab (topology.py), so labs in different run folders run side by side.
 
 Every serve is a real `hicache serve --l3 mooncake://MASTER` bound to its host's address; its
 Mooncake local_hostname comes from MOONCAKE_LOCAL_HOSTNAME as a deployment would set it (see
@@ -10,9 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hicache_ops.commands.lab import processes, state, topology
+from hicache_ops.commands.lab.state import Lab
 from hicache_ops.commands.lab.topology import host_address, namespace_name
 from hicache_ops.errors import InputError, SettingError
 
@@ -54,7 +59,7 @@ def l3_url(master_address: str) -> str:
     return f"mooncake://{master_address}:{MASTER_RPC_PORT}?metrics={MASTER_METRICS_PORT}"
 
 
-def start_master(folder: Path, lab: dict) -> None:
+def start_master(folder: Path, lab: Lab) -> None:
     host = lab["hosts"][0]
     record = processes.spawn(
         host["namespace"], master_argv(host["address"]), dict(os.environ), folder / "h0" / "mooncake_master.log"
@@ -67,7 +72,7 @@ def start_master(folder: Path, lab: dict) -> None:
 
 
 def spawn_serve(
-    folder: Path, lab: dict, index: int, *, advertise: str | None = None, extra_args: list[str] = ()
+    folder: Path, lab: Lab, index: int, *, advertise: str | None = None, extra_args: Sequence[str] = ()
 ) -> None:
     """Start host `index`'s serve (advertising `advertise`, by default its own address); do not wait."""
     host = lab["hosts"][index]
@@ -95,10 +100,15 @@ def spawn_serve(
     record["env"] = {"MOONCAKE_LOCAL_HOSTNAME": env["MOONCAKE_LOCAL_HOSTNAME"]}
     host["process"] = record
     host["advertised"] = env["MOONCAKE_LOCAL_HOSTNAME"]
+    host["segment"] = None
     state.save(folder, lab)
 
 
-def wait_serve(lab: dict, index: int) -> None:
+def wait_serve(lab: Lab, index: int, folder: Path | None = None) -> None:
+    """Wait for host `index`'s serve to answer; record the segment it mounted (a later restart waits
+    for that segment to leave the master, also when the serve was killed)."""
+    from hicache_ops.commands.lab.status import serve_segment
+
     host = lab["hosts"][index]
     processes.wait_http(
         host["address"],
@@ -108,9 +118,12 @@ def wait_serve(lab: dict, index: int) -> None:
         timeout=START_TIMEOUT_S,
         what=f"hicache serve in h{index}",
     )
+    host["segment"] = serve_segment(host)
+    if folder is not None:
+        state.save(folder, lab)
 
 
-def up(hosts: int = 3, run_dir: str | os.PathLike | None = None) -> dict:
+def up(hosts: int = 3, run_dir: str | os.PathLike[str] | None = None) -> Lab:
     """Create the lab and start everything; on any failure undo what was done and re-raise."""
     from hicache_ops.commands.lab.down import down
 
@@ -120,46 +133,55 @@ def up(hosts: int = 3, run_dir: str | os.PathLike | None = None) -> dict:
         )
     topology.require_namespaces()
     folder = state.run_dir(run_dir)
-    if state.load(folder) is not None or topology.existing_namespaces() or topology.link_exists(topology.BRIDGE):
+    existing = state.load(folder)
+    if existing is not None:
         raise InputError(
-            "a lab is already up on this machine (hicache-* namespaces or state found).",
-            hint="Run `hicache lab down` first.",
+            f"a lab is already up in {folder} (lab {existing.get('id') or 'without an ID'}).",
+            hint=f"Run `hicache lab down{state.run_dir_flag(folder)}` first, or pass another --run-dir.",
         )
-    subnet = topology.choose_subnet()
-    lab = {
-        "subnet": subnet,
-        "bridge": {"name": topology.BRIDGE, "address": topology.bridge_address(subnet)},
-        "hosts": [
-            {
-                "index": i,
-                "namespace": namespace_name(i),
-                "address": host_address(subnet, i),
-                "veth": topology.root_veth_name(i),
-                "role": "master" if i == 0 else "serve",
-                "process": None,
-            }
-            for i in range(hosts)
-        ],
-        "faults": [],
-    }
-    lab["master"] = {
-        "rpc": f"{lab['hosts'][0]['address']}:{MASTER_RPC_PORT}",
-        "metrics": f"{lab['hosts'][0]['address']}:{MASTER_METRICS_PORT}",
-    }
-    for host in lab["hosts"][1:]:
-        host["url"] = f"http://{host['address']}:{SERVE_PORT}"
-    state.save(folder, lab)  # recorded before anything exists, so down can remove a half-built lab
+    lab: Lab = {}
     try:
-        topology.create_bridge(subnet)
-        for i in range(hosts):
-            topology.create_host(subnet, i)
+        with state.creating():  # the ID and subnet are free until the bridge holds them
+            lab_id = topology.new_lab_id()
+            subnet = topology.choose_subnet(state.subnets_in_use())
+            bridge = topology.bridge_name(lab_id)
+            lab = {
+                "id": lab_id,
+                "subnet": subnet,
+                "bridge": {"name": bridge, "address": topology.bridge_address(subnet)},
+                "hosts": [_host(lab_id, subnet, i) for i in range(hosts)],
+                "faults": [],
+            }
+            lab["master"] = {
+                "rpc": f"{lab['hosts'][0]['address']}:{MASTER_RPC_PORT}",
+                "metrics": f"{lab['hosts'][0]['address']}:{MASTER_METRICS_PORT}",
+            }
+            state.save(folder, lab)  # recorded before anything exists, so down can remove a half-built lab
+            topology.create_bridge(bridge, subnet)
+        for host in lab["hosts"]:
+            topology.create_host(bridge, host["namespace"], host["veth"], host["address"])
         start_master(folder, lab)
         for i in range(1, hosts):
             spawn_serve(folder, lab, i)
         for i in range(1, hosts):
-            wait_serve(lab, i)
+            wait_serve(lab, i, folder)
     except BaseException:
-        down(folder)
+        if lab:
+            down(folder)
         raise
     lab["run_dir"] = str(folder)
     return lab
+
+
+def _host(lab_id: str, subnet: str, index: int) -> dict[str, Any]:
+    host: dict[str, Any] = {
+        "index": index,
+        "namespace": namespace_name(lab_id, index),
+        "address": host_address(subnet, index),
+        "veth": topology.root_veth_name(lab_id, index),
+        "role": "master" if index == 0 else "serve",
+        "process": None,
+    }
+    if index:
+        host["url"] = f"http://{host['address']}:{SERVE_PORT}"
+    return host
