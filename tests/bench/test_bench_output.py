@@ -80,11 +80,13 @@ def test_bench_replay_on_sigterm_says_sigterm_first(tmp_path):
     lines = [json.loads(line) for line in DATA.read_text().splitlines()]
     span = lines[-1]["timestamp"] + 1
     trace = tmp_path / "long.jsonl"
-    with open(trace, "w") as f:  # the sample 100 times over: long enough to stop mid-replay
+    with open(trace, "w") as f:  # the sample 100 times over, swept over 50 capacities: long enough to stop mid-way
         for r in range(100):
             for line in lines:
                 f.write(json.dumps({**line, "timestamp": line["timestamp"] + r * span}) + "\n")
-    out, _ = _stop_after(["bench", "replay", str(trace)], "replayed ", signal.SIGTERM)
+    out, _ = _stop_after(
+        ["bench", "replay", str(trace), "--sweep", "l1", "375000:24000000:50"], "replayed ", signal.SIGTERM
+    )
     first = out.splitlines()[0]
     assert first == "interrupted: the figures cover the requests replayed before SIGTERM", out
     assert "Ctrl-C" not in out
