@@ -257,7 +257,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                 hold, arrival.prefetch = arrival.prefetch, None
                 if hold is not None:
                     if hold.pos != pos:  # the match moved while it queued: the pages do not attach here
-                        self.in_flight_tokens -= hold.requested_tokens
+                        self._release_in_flight(hold)
                         self.host.give_many(hold.host_pages)
                         result.prefetch.reason = "the local match changed while the request queued"
                     else:

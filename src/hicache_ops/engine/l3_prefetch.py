@@ -31,6 +31,62 @@ class IssuedPrefetch:
     requested_tokens: int
     host_pages: list[int]
     outcome: ReadOutcome
+    issued_at: float = 0.0  # the scheduler clock when the read started (outcome.done_at counts from it)
+    # Set by the concurrency model's admission check (Admission.check_prefetch): when the stop
+    # policy's clock started (0.5.23: the first check that found the read unfinished), when the
+    # check ended the prefetch, and how many pages counted then. None: not ended yet.
+    first_check_at: float | None = None
+    stopped_at: float | None = None
+    completed: int | None = None
+    in_flight: bool = True  # its requested tokens still count against the in-flight limit
+
+
+@dataclass(frozen=True)
+class StopVerdict:
+    """What an admission check makes of an issued prefetch at one instant."""
+
+    stop: bool  # the check ends the prefetch now (the request may be admitted)
+    arrived: int  # leading pages read by then (what counts if it stops)
+
+
+def stop_verdict(
+    policy: str, version: str, budget_s: float, hold: IssuedPrefetch, now: float, first_check_at: float | None
+) -> StopVerdict:
+    """The admission check's stop decision (docs/controller.md#stop-policies): a finished read
+    ends at once; best_effort ends it at the first check with what has arrived; wait_complete
+    waits for the last page; timeout ends it once the budget has run out, counted from the issue
+    (0.5.14) or from the first check that found it unfinished (0.5.23)."""
+    outcome, start = hold.outcome, hold.issued_at
+    arrived = 0
+    while arrived < len(outcome.ok) and outcome.ok[arrived] and start + outcome.done_at[arrived] <= now:
+        arrived += 1
+    finished = not outcome.done_at or start + max(outcome.done_at) <= now
+    if finished or policy == "best_effort":
+        return StopVerdict(True, arrived)
+    if policy == "wait_complete":
+        return StopVerdict(False, arrived)
+    clock = start if pol.clock_starts_at_issue(version) else (now if first_check_at is None else first_check_at)
+    return StopVerdict(now - clock > budget_s, arrived)
+
+
+def modelled_done_at(
+    done_at: list[float], nbytes: int, bandwidth_bytes_s: float | None, latency_s: float
+) -> list[float]:
+    """Per page, when it has arrived: the tier's own time, or later the modelled transfer (each
+    batch of policy.STORAGE_BATCH_PAGES pages takes `latency_s` + its bytes / bandwidth, batches one
+    after another, and a batch's pages count when it ends, as SGLang acknowledges progress per
+    batch: docs/controller.md#transfer-time)."""
+    n = len(done_at)
+    if not n or (bandwidth_bytes_s is None and not latency_s):
+        return done_at
+    per_page = nbytes / n
+    out, clock = list(done_at), 0.0
+    for first in range(0, n, pol.STORAGE_BATCH_PAGES):
+        last = min(first + pol.STORAGE_BATCH_PAGES, n)
+        clock += latency_s + ((last - first) * per_page / bandwidth_bytes_s if bandwidth_bytes_s else 0.0)
+        for i in range(first, last):
+            out[i] = max(out[i], clock)
+    return out
 
 
 def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
@@ -66,19 +122,31 @@ class L3Prefetch:
         self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result, tokens=None
     ) -> list[Node]:
         """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
-        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
+        hold, _ = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
         if hold is None:
             return []
         return self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
 
     def _issue_prefetch(
-        self, storage_keys, pos: int, end: int, info: PrefetchInfo, *, anchor: Node | None = None, tokens=None
-    ) -> IssuedPrefetch | None:
+        self,
+        storage_keys,
+        pos: int,
+        end: int,
+        info: PrefetchInfo,
+        *,
+        anchor: Node | None = None,
+        tokens=None,
+        now: float = 0.0,
+    ) -> tuple[IssuedPrefetch | None, bool]:
         """Consider pages pos..end as SGLang does when it queues a request: the anchor gate,
-        threshold, in-flight limit, host allocation and storage query per version; the read starts.
-        None: not issued (`info.reason` says why, naming the rule and version). `anchor`: the node
-        the local match ends in; `tokens`: the prompt (0.5.14 re-chains the keys past an unbacked
-        anchor)."""
+        threshold, in-flight limit, host allocation and storage query per version; the read starts
+        at `now` (the scheduler clock). Returns the issued prefetch (None: not issued;
+        `info.reason` says why, naming the rule and version) and whether the outcome is one
+        0.5.23 polls again for a waiting request (docs/controller.md#miss-re-query): refused by
+        the in-flight limit, a storage hit below the threshold (none included), or no host room
+        for the hit; a span below the threshold or an unbacked anchor issues no lookup and is not.
+        `anchor`: the node the local match ends in; `tokens`: the prompt (0.5.14 re-chains the
+        keys past an unbacked anchor)."""
         cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
         info.considered_tokens = info.requested_tokens = (end - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
@@ -110,7 +178,7 @@ class L3Prefetch:
             host_free_pages=self.host.free,
         )
         if info.reason:
-            return None
+            return None, info.rate_limited
         host_pages: list[int] | None = None
         span = end - pos
         if not pol.allocates_host_at_hit(version):
@@ -121,7 +189,7 @@ class L3Prefetch:
                     f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
                     "(0.5.14 allocates the requested span when it issues)"
                 )
-                return None
+                return None, False
             span = len(host_pages)
         found = self.l3.lookup(storage_keys[pos : pos + span])
         info.rank_hits = found.rank_pages
@@ -146,16 +214,16 @@ class L3Prefetch:
             )
             if gate:
                 info.reason += f" ({gate})"
-            return None
+            return None, True
         if host_pages is None:
             # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
             host_pages = self._alloc_host(hit, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "
-                    f"(0.5.23 parks the prefetch for a retry)"
+                    f"(0.5.23 polls it again for a waiting request)"
                 )
-                return None
+                return None, True
         else:
             self.host.give_many(host_pages[hit:])
         host_pages = host_pages[:hit]
@@ -165,29 +233,56 @@ class L3Prefetch:
         self.stats.prefetches_issued += 1
         self.in_flight_tokens += info.requested_tokens
         outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
+        outcome.done_at = modelled_done_at(outcome.done_at, outcome.nbytes, cfg.l3_bandwidth_bytes_s, cfg.l3_latency_s)
         self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
         info.size_mismatched_objects = len(outcome.size_mismatches)
         self.stats.bytes_l3_read += outcome.nbytes
         self.stats.l3_side_objects_read += outcome.side_objects
         self.stats.size_mismatched_objects += len(outcome.size_mismatches)
-        return IssuedPrefetch(pos, info.requested_tokens, host_pages, outcome)
+        return IssuedPrefetch(pos, info.requested_tokens, host_pages, outcome, issued_at=now), False
+
+    def _release_in_flight(self, hold: IssuedPrefetch) -> None:
+        """The prefetch has ended: its requested tokens leave the in-flight count (once)."""
+        if hold.in_flight:
+            self.in_flight_tokens -= hold.requested_tokens
+            hold.in_flight = False
+
+    def _prefetch_budget(self, hold: IssuedPrefetch) -> float:
+        """The `timeout` stop policy's budget for an issued prefetch (docs/controller.md#timeout-budget)."""
+        cfg = self.config
+        hit_tokens = len(hold.host_pages) * cfg.page_size
+        return cfg.timeout_budget.seconds(
+            cfg.sglang_version, requested_tokens=hold.requested_tokens, hit_tokens=hit_tokens
+        )
 
     def _land_prefetch(self, hold: IssuedPrefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
         """The request's admission ends its prefetch: the stop policy decides how many pages count,
         they join the tree as host nodes below `anchor`, and the request leaves the in-flight count."""
-        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        cfg, version = self.config, self.config.sglang_version
         info, outcome, host_pages, pos = result.prefetch, hold.outcome, hold.host_pages, hold.pos
-        self.in_flight_tokens -= hold.requested_tokens
+        self._release_in_flight(hold)
         hit = len(host_pages)
         result.bytes_read_from_l3 += outcome.nbytes
-        info.budget_s = cfg.timeout_budget.seconds(version, requested_tokens=info.requested_tokens, hit_tokens=hit * ps)
-        info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
-        done, deadline = 0, info.deadline_s
-        while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
-            done += 1
+        info.budget_s = self._prefetch_budget(hold)
         info.elapsed_s = max(outcome.done_at) if outcome.done_at else 0.0
-        info.timeout_would_cut = info.elapsed_s > pol.stop_deadline("timeout", info.budget_s, cfg.admission_s, version)
+        if hold.completed is not None and hold.stopped_at is not None:
+            # The concurrency model's admission check ended it (check_prefetch) on the scheduler clock.
+            done = hold.completed
+            info.deadline_s = hold.stopped_at - hold.issued_at
+            info.timeout_would_cut = (
+                hold.first_check_at is not None
+                and hold.issued_at + info.elapsed_s
+                > (hold.issued_at if pol.clock_starts_at_issue(version) else hold.first_check_at) + info.budget_s
+            )
+        else:
+            info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
+            done, deadline = 0, info.deadline_s
+            while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
+                done += 1
+            info.timeout_would_cut = info.elapsed_s > pol.stop_deadline(
+                "timeout", info.budget_s, cfg.admission_s, version
+            )
         info.completed_pages = done
         if done < hit:
             info.reason = (
