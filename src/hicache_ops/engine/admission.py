@@ -124,14 +124,17 @@ class Admission:
     def next_prefetch_event(self, arrivals: list[Arrival], now: float) -> float | None:
         """The earliest scheduler time after `now` at which a waiting request's unfinished
         prefetch changes what its admission check says (a page lands or the budget runs out)."""
+        cfg = self.config
         times = []
         for arrival in arrivals:
             hold = arrival.prefetch
             if hold is None or hold.completed is not None:
                 continue
-            times += [hold.issued_at + t for t in hold.outcome.done_at if hold.issued_at + t > now]
-            if hold.first_check_at is not None:
-                times.append(hold.first_check_at + self._prefetch_budget(hold))
+            times += [hold.issued_at + t for t in hold.outcome.done_at]
+            start = hold.issued_at if pol.clock_starts_at_issue(cfg.sglang_version) else hold.first_check_at
+            if cfg.stop_policy == "timeout" and start is not None:
+                expiry = start + self._prefetch_budget(hold)
+                times.append(expiry + 1e-9 * max(1.0, expiry))  # the budget runs out just after
         later = [t for t in times if t > now]
         return min(later) if later else None
 

@@ -74,6 +74,12 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # The (extra_key, cache_salt) namespaces requests have keyed pages under, first seen first
         # (at most NAMESPACES_KEPT): a prompt missed without its namespace can be tried under them.
         self.namespaces: dict[tuple[str | None, str | None], None] = {}
+        # The concurrency model's clock (seconds; None until a scheduler drives the cache) and the
+        # L3 writes queued on it (docs/controller.md#transfer-time): (when it ends, node, first page).
+        self.clock: float | None = None
+        self._pending_l3_writes: list[tuple[float, Node, int]] = []
+        self._l3_writer_free_at = 0.0
+        self._l3_page_bytes = 0.0
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -142,6 +148,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         """
         arr, n_pages = self._check_prompt(tokens)
         with self.lock:
+            self.drain_l3_writes()
             self._observer = observer
             try:
                 result, held, _, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
@@ -165,6 +172,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             raise InputError("a request generates at least one token.")
         decodes = out.size > 1
         with self.lock:
+            self.drain_l3_writes()
             result, held, keys, tail = self._prefill(
                 arr, n_pages, extra_key, cache_salt, False, False, count_hits=decodes, hold_tail=True
             )
@@ -445,6 +453,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
     def flush(self) -> None:
         """Drop L1 and L2 (like SGLang's /flush_cache); L3 is untouched."""
         with self.lock:
+            self.drain_l3_writes()
             self.tree = RadixTree(self.config.sglang_version, self.config.eviction_policy)
             self.device.reset()
             self.host.reset()

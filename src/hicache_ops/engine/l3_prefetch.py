@@ -69,6 +69,14 @@ def stop_verdict(
     return StopVerdict(now - clock > budget_s, arrived)
 
 
+def transfer_seconds(pages: int, page_bytes: float, bandwidth_bytes_s: float | None, latency_s: float) -> float:
+    """Modelled seconds an L3 transfer of `pages` pages takes: per batch of
+    policy.STORAGE_BATCH_PAGES pages, `latency_s` plus its bytes / bandwidth (docs/controller.md#transfer-time)."""
+    batches = -(-pages // pol.STORAGE_BATCH_PAGES)
+    moved = pages * page_bytes / bandwidth_bytes_s if bandwidth_bytes_s else 0.0
+    return batches * latency_s + moved
+
+
 def modelled_done_at(
     done_at: list[float], nbytes: int, bandwidth_bytes_s: float | None, latency_s: float
 ) -> list[float]:
@@ -327,6 +335,7 @@ class L3Prefetch:
         if self.l3 is None:
             raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
         with self.lock:
+            self.drain_l3_writes()
             self._observer = observer
             try:
                 return self._prefetch_only(arr, extra_key, cache_salt)

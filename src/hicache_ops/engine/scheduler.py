@@ -63,7 +63,8 @@ class Scheduler:
         self.waiting: list[Arrival] = []
         self.running: list[tuple[int, Arrival]] = []  # (the pass its decode ends, the request)
         self.pass_no = 0  # also SGLang's retry step: one per pass
-        self.clock = 0.0
+        self.clock = cache.clock if cache.clock is not None else 0.0  # the cache keeps it across waves
+        cache.advance_clock(self.clock)
         self._jump_to: float | None = None
         self._retries = pol.retries_rate_limited(cache.config.sglang_version)
 
@@ -75,6 +76,7 @@ class Scheduler:
         self, prompt: ArrayLike, output: ArrayLike, extra_key: str | None = None, cache_salt: str | None = None
     ) -> Arrival:
         """A request arrives now: it queues and its prefetch is considered."""
+        self.cache.advance_clock(self.clock)
         arrival = self.cache.arrive(prompt, output, extra_key, cache_salt, now=self.clock)
         self.waiting.append(arrival)
         self.stats.max_in_flight_tokens = max(self.stats.max_in_flight_tokens, self.cache.in_flight_tokens)
@@ -87,6 +89,7 @@ class Scheduler:
         self.clock += cfg.admission_s if self.pass_no == 1 else cfg.pass_s
         if self._jump_to is not None:
             self.clock, self._jump_to = max(self.clock, self._jump_to), None
+        cache.advance_clock(self.clock)
         still_running = []
         for end, arrival in self.running:
             if end <= self.pass_no:
