@@ -122,6 +122,62 @@ def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node 
     )
 
 
+@dataclass(frozen=True)
+class PrefetchDecision:
+    """Whether a prefetch goes on to the storage lookup, and if not, which rule refused it."""
+
+    reason: str  # "" : go on to the lookup
+    rule: str  # "", "anchor", "threshold", "no_l2" or "rate_limited"
+
+
+def prefetch_decision(
+    version: str,
+    *,
+    gate: str,
+    considered_tokens: int,
+    threshold: int,
+    enable_l2: bool,
+    in_flight_tokens: int,
+    limit_tokens: int,
+) -> PrefetchDecision:
+    """SGLang's decision to look a request's unmatched span up in L3, in SGLang's order: 0.5.23's
+    anchor gate (`gate`, from `prefetch_anchor`; 0.5.14 issues and misses instead), the threshold
+    (docs/controller.md#prefetch-threshold-and-revocation), the host pool L3 reads stage through,
+    the in-flight limit (#in-flight-limit). The engine and `trace` both ask it, with the
+    per-request state passed in."""
+    if gate and version != V0_5_14:
+        return PrefetchDecision(gate, "anchor")
+    if considered_tokens < threshold:
+        return PrefetchDecision(f"below the prefetch threshold ({considered_tokens} < {threshold} tokens)", "threshold")
+    if not enable_l2:
+        return PrefetchDecision("no host pool: L3 reads stage through L2", "no_l2")
+    if in_flight_tokens >= limit_tokens:
+        return PrefetchDecision(pol.rate_limited_verdict(version, in_flight_tokens, limit_tokens), "rate_limited")
+    return PrefetchDecision("", "")
+
+
+@dataclass(frozen=True)
+class LoneStop:
+    """The stop policy on a prefetch whose first admission check comes `admission_s` after it
+    was issued (one request at a time: `request()`, `prefill()`, `trace`)."""
+
+    completed: int  # leading pages read by the deadline
+    deadline_s: float  # after the issue (inf: wait_complete)
+    elapsed_s: float  # when the last page arrived
+    timeout_would_cut: bool
+
+
+def lone_stop(policy: str, version: str, budget_s: float, admission_s: float, outcome: ReadOutcome) -> LoneStop:
+    """docs/controller.md#stop-policies, #timeout-budget, for one request served alone."""
+    deadline = pol.stop_deadline(policy, budget_s, admission_s, version)
+    done = 0
+    while done < len(outcome.ok) and outcome.ok[done] and outcome.done_at[done] <= deadline:
+        done += 1
+    elapsed = max(outcome.done_at) if outcome.done_at else 0.0
+    cut = elapsed > pol.stop_deadline("timeout", budget_s, admission_s, version)
+    return LoneStop(done, deadline, elapsed, cut)
+
+
 class L3Prefetch:
     """TieredCache's L3 prefetch (a mixin: it uses the cache's config, tree, host pool and its
     allocation, L3 tier, stats, in-flight count and observer)."""
@@ -167,14 +223,17 @@ class L3Prefetch:
             chained = page_keys(tokens[pos * ps : end * ps], ps, V0_5_14, prior=prior_key)
             storage_keys = list(storage_keys[:pos]) + chained
         info.anchor_note = gate
-        if gate and version != V0_5_14:
-            info.reason = gate
-        elif info.considered_tokens < info.threshold:
-            info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
-        elif not cfg.enable_l2:
-            info.reason = "no host pool: L3 reads stage through L2"
-        elif self.in_flight_tokens >= limit:
-            info.reason = pol.rate_limited_verdict(version, self.in_flight_tokens, limit)
+        decision = prefetch_decision(
+            version,
+            gate=gate,
+            considered_tokens=info.considered_tokens,
+            threshold=info.threshold,
+            enable_l2=cfg.enable_l2,
+            in_flight_tokens=self.in_flight_tokens,
+            limit_tokens=limit,
+        )
+        info.reason = decision.reason
+        if decision.rule == "rate_limited":
             info.rate_limited = True
             self.stats.prefetches_rate_limited += 1
         self._emit(
@@ -284,12 +343,11 @@ class L3Prefetch:
                 > (hold.issued_at if pol.clock_starts_at_issue(version) else hold.first_check_at) + info.budget_s
             )
         else:
-            info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
-            done, deadline = 0, info.deadline_s
-            while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
-                done += 1
-            info.timeout_would_cut = info.elapsed_s > pol.stop_deadline(
-                "timeout", info.budget_s, cfg.admission_s, version
+            lone = lone_stop(cfg.stop_policy, version, info.budget_s, cfg.admission_s, outcome)
+            done, info.deadline_s, info.timeout_would_cut = (
+                min(lone.completed, hit),
+                lone.deadline_s,
+                lone.timeout_would_cut,
             )
         info.completed_pages = done
         if done < hit:
