@@ -10,49 +10,31 @@ its prompt is prefilled) and the pass's batch-size and input caps allow it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 
-from hicache_ops.engine.l3_prefetch import IssuedPrefetch, stop_verdict
+from hicache_ops.engine.l3_prefetch import stop_verdict
+from hicache_ops.engine.parts import Arrival, CacheParts
 from hicache_ops.engine.results import PrefillResult
-from hicache_ops.engine.tree import Node
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array
 
 
-@dataclass(eq=False)
-class Arrival:
-    """A request queued by the concurrency model (scheduler.py), between arrival and finish."""
-
-    prompt: np.ndarray
-    output: np.ndarray
-    n_pages: int
-    keys: tuple[list[str], list[str]]
-    result: PrefillResult
-    decode_passes: int
-    prefetch: IssuedPrefetch | None = None
-    # 0.5.23's miss re-query (docs/controller.md#miss-re-query): armed when its last prefetch was
-    # refused by the in-flight limit, found less than the threshold in L3 or no host room for the
-    # hit; `retry_due` is the scheduler step it is due at (set at the first step that sees it
-    # armed); `retries` counts re-issues (the device-hit-loss re-query included).
-    retry_armed: bool = False
-    retry_due: int | None = None
-    retries: int = 0
-    retried_at: list[int] = field(default_factory=list)  # the scheduler steps its miss was re-queried at
-    anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
-    matched_pages: int = 0  # its local match when its prefetch was last considered
-    held: list[Node] = field(default_factory=list)
-
-
-class Admission:
+class Admission(CacheParts):
     """TieredCache's concurrency-model steps (a mixin: it uses the cache's config, tree, device and
     host pools, lock, in-flight and reserved counts, the prefetch issue of prefetch.py, and the
     cache's own prefill and finish)."""
 
     def arrive(
-        self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None, *, now: float = 0.0
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        now: float = 0.0,
     ) -> Arrival:
         """A request joins the waiting queue: its prefetch is considered now, as SGLang does when it
         queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit)."""

@@ -9,10 +9,11 @@ makes the host copy only when a node leaves the device.
 from __future__ import annotations
 
 from hicache_ops.engine.l3_prefetch import transfer_seconds
+from hicache_ops.engine.parts import CacheParts
 from hicache_ops.engine.tree import Node, page_views
 
 
-class Backups:
+class Backups(CacheParts):
     """TieredCache's backups (a mixin: it uses the cache's config, tree, plane, L3 tier, stats,
     observer and host allocation from pools.py)."""
 
@@ -50,11 +51,16 @@ class Backups:
             if node.host is not None or node.device is None:
                 continue
             parent = node.parent
-            if parent is not self.tree.root and parent.host is None:
+            if parent is not None and parent is not self.tree.root and parent.host is None:
                 if not self._chains_ancestors:
                     continue  # 0.5.14: backed-up nodes form a prefix; this one waits for its parent
-                chain = []
-                while parent is not self.tree.root and parent.host is None and parent.device is not None:
+                chain: list[Node] = []
+                while (
+                    parent is not None
+                    and parent is not self.tree.root
+                    and parent.host is None
+                    and parent.device is not None
+                ):
                     chain.append(parent)
                     parent = parent.parent
                 for ancestor in reversed(chain):
@@ -76,7 +82,11 @@ class Backups:
                 l2=self.config.enable_l2,
             )
             return 0
-        moved = self.plane.backup(node.device, host_pages)
+        device = node.device
+        if device is None:  # only a device-resident node is backed up
+            self.host.give_many(host_pages)
+            return 0
+        moved = self.plane.backup(device, host_pages)
         if moved:
             self._l3_page_bytes = moved / n
         self.stats.bytes_d2h += moved
@@ -85,7 +95,7 @@ class Backups:
             self._emit(
                 "backup_host",
                 nodes=page_views([node]),
-                device_pages=list(node.device),
+                device_pages=list(device),
                 host_pages=host_pages,
                 bytes=moved,
             )
@@ -130,7 +140,10 @@ class Backups:
             self.advance_clock(max(t for t, _, _ in self._pending_l3_writes))
 
     def _write_to_l3(self, node: Node, first: int) -> None:
-        ok, outcome = self.l3.write(node.storage_keys[first:], node.host[first:])
+        l3, host = self.l3, node.host
+        if l3 is None or host is None:
+            return
+        ok, outcome = l3.write(node.storage_keys[first:], host[first:])
         written = 0
         for page_ok in ok:
             if not page_ok:

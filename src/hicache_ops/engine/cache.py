@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from hicache_ops.engine.admission import Admission, Arrival
+from hicache_ops.engine.admission import Admission
 from hicache_ops.engine.backup import Backups
 from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.l3_prefetch import L3Prefetch
 from hicache_ops.engine.page_pools import CapacityError, PagePool, PoolAllocation
+from hicache_ops.engine.parts import Arrival, TokenKeys
 from hicache_ops.engine.planes import DataPlane, L3Tier
 from hicache_ops.engine.results import CacheStats, PrefillResult
 from hicache_ops.engine.tree import Node, RadixTree, page_views
@@ -83,7 +84,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict[str, Any]], None] | None = None
 
-    def _emit(self, event: str, **data) -> None:
+    def _emit(self, event: str, **data: Any) -> None:
         if self._observer is not None:
             self._observer(event, data)
 
@@ -118,7 +119,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     # -- the request path -----------------------------------------------------------------------
 
-    def _check_prompt(self, tokens) -> tuple[np.ndarray, int]:
+    def _check_prompt(self, tokens: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
         cfg = self.config
         arr = as_token_array(tokens, cfg.sglang_version)
         if arr.size == 0:
@@ -133,7 +134,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def prefill(
         self,
-        tokens,
+        tokens: Sequence[int] | np.ndarray,
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
@@ -157,7 +158,13 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             finally:
                 self._observer = None
 
-    def request(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> PrefillResult:
+    def request(
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> PrefillResult:
         """One whole request: the prompt's prefill, then its finish with `output` (the generated
         token ids; at least one), as SGLang serves a lone request (docs/controller.md#finished-requests).
 
@@ -192,17 +199,17 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def _prefill(
         self,
-        arr,
-        n_pages,
-        extra_key,
-        cache_salt,
-        with_keys,
-        force_backup,
+        arr: np.ndarray,
+        n_pages: int,
+        extra_key: str | None,
+        cache_salt: str | None,
+        with_keys: bool,
+        force_backup: bool,
         *,
         arrival: Arrival | None = None,
         count_hits: bool = True,
         hold_tail: bool = False,
-    ):
+    ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]:
         """The prompt half of a request; returns the result, the deepest nodes it locked, the
         prompt's (tree, L3) page keys, and the device page holding the prompt's partial last page
         (`hold_tail`: the request keeps it for its finish; none when the prompt is whole pages).
@@ -350,9 +357,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
     def _finish(
         self,
         tokens: np.ndarray,
-        prompt_keys,
-        extra_key,
-        cache_salt,
+        prompt_keys: TokenKeys,
+        extra_key: str | None,
+        cache_salt: str | None,
         result: PrefillResult,
         *,
         held_pages: list[int] | None = None,
@@ -436,7 +443,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             )
         if pages is None:
             return False
-        host = [p for n in nodes for p in n.host]
+        host = [p for n in nodes for p in (n.host or [])]
         keys = [k for n in nodes for k in n.storage_keys]
         moved, bad = self.plane.load(host, pages, keys)
         self.stats.bytes_h2d += moved

@@ -10,35 +10,20 @@ tree as host nodes. `prefetch()` is the operation alone: pull a prompt's pages i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from hicache_ops.engine.parts import CacheParts, IssuedPrefetch
 from hicache_ops.engine.planes import ReadOutcome
 from hicache_ops.engine.results import PrefetchInfo, PrefillResult
-from hicache_ops.engine.tree import Node, page_views
+from hicache_ops.engine.tree import Node, RadixTree, page_views
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array, page_keys
 from hicache_ops.sglang.versions import V0_5_14
-
-
-@dataclass
-class IssuedPrefetch:
-    """An issued prefetch, holding its host pages until the request's admission lands it."""
-
-    pos: int  # the first page it reads
-    requested_tokens: int
-    host_pages: list[int]
-    outcome: ReadOutcome
-    issued_at: float = 0.0  # the scheduler clock when the read started (outcome.done_at counts from it)
-    # Set by the concurrency model's admission check (Admission.check_prefetch): when the stop
-    # policy's clock started (0.5.23: the first check that found the read unfinished), when the
-    # check ended the prefetch, and how many pages counted then. None: not ended yet.
-    first_check_at: float | None = None
-    stopped_at: float | None = None
-    completed: int | None = None
-    in_flight: bool = True  # its requested tokens still count against the in-flight limit
 
 
 @dataclass(frozen=True)
@@ -97,7 +82,7 @@ def modelled_done_at(
     return out
 
 
-def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
+def prefetch_anchor(tree: RadixTree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
     """SGLang's gate on the node a prefetch continues from: the last node of the local match
     (docs/controller.md#prefetch-anchor). Returns ("", None) when it is the root or backed up
     (the lookup chains from the prompt's own keys). Past a node with no host copy: 0.5.23 issues
@@ -113,7 +98,7 @@ def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node 
             None,
         )
     backed = anchor.parent
-    while backed is not tree.root and backed.host is None:
+    while backed is not None and backed is not tree.root and backed.host is None:
         backed = backed.parent
     return (
         "the local match ends in a node with no host copy: 0.5.14 chains the lookup keys from the nearest "
@@ -178,12 +163,19 @@ def lone_stop(policy: str, version: str, budget_s: float, admission_s: float, ou
     return LoneStop(done, deadline, elapsed, cut)
 
 
-class L3Prefetch:
+class L3Prefetch(CacheParts):
     """TieredCache's L3 prefetch (a mixin: it uses the cache's config, tree, host pool and its
     allocation, L3 tier, stats, in-flight count and observer)."""
 
     def _fetch_to_host(
-        self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result, tokens=None
+        self,
+        anchor: Node,
+        tree_keys: list[str],
+        storage_keys: list[str],
+        pos: int,
+        end: int,
+        result: PrefillResult,
+        tokens: np.ndarray | None = None,
     ) -> list[Node]:
         """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
         hold, _ = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
@@ -193,13 +185,13 @@ class L3Prefetch:
 
     def _issue_prefetch(
         self,
-        storage_keys,
+        storage_keys: list[str],
         pos: int,
         end: int,
         info: PrefetchInfo,
         *,
         anchor: Node | None = None,
-        tokens=None,
+        tokens: np.ndarray | None = None,
         now: float = 0.0,
     ) -> tuple[IssuedPrefetch | None, bool]:
         """Consider pages pos..end as SGLang does when it queues a request: the anchor gate,
@@ -212,6 +204,9 @@ class L3Prefetch:
         `anchor`: the node the local match ends in; `tokens`: the prompt (0.5.14 re-chains the
         keys past an unbacked anchor)."""
         cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        l3 = self.l3
+        if l3 is None:
+            raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
         info.considered_tokens = info.requested_tokens = (end - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
         info.reason = ""
@@ -258,13 +253,13 @@ class L3Prefetch:
                 )
                 return None, False
             span = len(host_pages)
-        found = self.l3.lookup(storage_keys[pos : pos + span])
+        found = l3.lookup(storage_keys[pos : pos + span])
         info.rank_hits = found.rank_pages
         self._emit(
             "storage_query",
             info=info,
             storage_keys=storage_keys[pos : pos + span],
-            schemes=self.l3.schemes,
+            schemes=l3.schemes,
             lookup=found,
         )
         hit = found.pages
@@ -299,7 +294,7 @@ class L3Prefetch:
         info.issued = True
         self.stats.prefetches_issued += 1
         self.in_flight_tokens += info.requested_tokens
-        outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
+        outcome = l3.read(storage_keys[pos : pos + hit], host_pages)
         outcome.done_at = modelled_done_at(outcome.done_at, outcome.nbytes, cfg.l3_bandwidth_bytes_s, cfg.l3_latency_s)
         self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
@@ -323,7 +318,14 @@ class L3Prefetch:
             cfg.sglang_version, requested_tokens=hold.requested_tokens, hit_tokens=hit_tokens
         )
 
-    def _land_prefetch(self, hold: IssuedPrefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
+    def _land_prefetch(
+        self,
+        hold: IssuedPrefetch,
+        anchor: Node,
+        tree_keys: list[str],
+        storage_keys: list[str],
+        result: PrefillResult,
+    ) -> list[Node]:
         """The request's admission ends its prefetch: the stop policy decides how many pages count,
         they join the tree as host nodes below `anchor`, and the request leaves the in-flight count."""
         cfg, version = self.config, self.config.sglang_version
@@ -376,7 +378,7 @@ class L3Prefetch:
 
     def prefetch(
         self,
-        tokens,
+        tokens: Sequence[int] | np.ndarray,
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
@@ -400,7 +402,7 @@ class L3Prefetch:
             finally:
                 self._observer = None
 
-    def _prefetch_only(self, arr, extra_key, cache_salt) -> PrefillResult:
+    def _prefetch_only(self, arr: np.ndarray, extra_key: str | None, cache_salt: str | None) -> PrefillResult:
         ps, tree = self.config.page_size, self.tree
         n_pages = arr.size // ps
         self._request_device_evicted = self._request_host_evicted = 0

@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only, loadable_prefix, writes_side_pool, written_pages
+from hicache_ops.sglang.hit_policy import (
+    LoadablePrefix,
+    PagePresence,
+    kv_only,
+    loadable_prefix,
+    writes_side_pool,
+    written_pages,
+)
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import PoolSpec, pool_suffixes
 
@@ -79,13 +86,13 @@ class AccountingPlane:
     def __init__(self, bytes_per_page: int):
         self.bytes_per_page = bytes_per_page
 
-    def compute(self, device_pages, storage_keys) -> None:
+    def compute(self, device_pages: list[int], storage_keys: list[str]) -> None:
         return None
 
-    def backup(self, device_pages, host_pages) -> int:
+    def backup(self, device_pages: list[int], host_pages: list[int]) -> int:
         return len(device_pages) * self.bytes_per_page
 
-    def load(self, host_pages, device_pages, storage_keys) -> tuple[int, list[str]]:
+    def load(self, host_pages: list[int], device_pages: list[int], storage_keys: list[str]) -> tuple[int, list[str]]:
         return len(device_pages) * self.bytes_per_page, []
 
 
@@ -115,10 +122,10 @@ class MemoryL3:
             return kv_only(hits)
         contains = self.objects.__contains__
 
-        def presence(scheme: ObjectKeyScheme, side: dict[str, list[str]]):
+        def presence(scheme: ObjectKeyScheme, side: dict[str, list[str]]) -> PagePresence:
             prefix = scheme.prefix
 
-            def exists(pool, pages: int) -> list[bool]:
+            def exists(pool: PoolSpec | None, pages: int) -> list[bool]:
                 suffixes = scheme.suffixes if pool is None else side[pool.name]
                 return [all(contains(prefix + key + s) for s in suffixes) for key in storage_keys[:pages]]
 
@@ -143,15 +150,15 @@ class MemoryL3:
                 hits.append(len(storage_keys))
         return hits
 
-    def write(self, storage_keys, host_pages) -> tuple[list[bool], WriteOutcome]:
+    def write(self, storage_keys: list[str], host_pages: list[int]) -> tuple[list[bool], WriteOutcome]:
         outcome = WriteOutcome()
         objects = self.objects
         for scheme in self.schemes:
-            for obj in scheme.all_object_keys(storage_keys):
-                if obj in objects:
+            for key in scheme.all_object_keys(storage_keys):
+                if key in objects:
                     outcome.skipped += 1
                 else:
-                    objects.add(obj)
+                    objects.add(key)
                     outcome.written += 1
         outcome.nbytes = len(storage_keys) * self.bytes_per_page
         for obj in side_object_keys(self.schemes, self._side, self.pools, storage_keys):
@@ -164,7 +171,7 @@ class MemoryL3:
                 outcome.nbytes += self.side_object_bytes
         return [True] * len(storage_keys), outcome
 
-    def read(self, storage_keys, host_pages) -> ReadOutcome:
+    def read(self, storage_keys: list[str], host_pages: list[int]) -> ReadOutcome:
         n = len(storage_keys)
         latency = self.read_latency_s
         done_at = [(i + 1) * latency for i in range(n)] if latency else [latency] * n
@@ -176,10 +183,15 @@ def side_layout(schemes: list[ObjectKeyScheme], pools: tuple[PoolSpec, ...]) -> 
     return [{pool.name: pool_suffixes(pool, scheme) for pool in pools} for scheme in schemes]
 
 
-def side_object_keys(schemes, side: list[dict[str, list[str]]], pools, storage_keys: list[str]) -> list[dict[str, Any]]:
+def side_object_keys(
+    schemes: list[ObjectKeyScheme],
+    side: list[dict[str, list[str]]],
+    pools: tuple[PoolSpec, ...],
+    storage_keys: list[str],
+) -> list[dict[str, Any]]:
     """The side-pool objects one node's L3 backup writes: per writing rank and pool, the pages the
     pool's rule picks (hit_policy.written_pages), as {"key", "rank", "pool", "page", "page_key", "suffix"}."""
-    out = []
+    out: list[dict[str, Any]] = []
     for scheme, suffixes in zip(schemes, side, strict=True):
         for pool in pools:
             if not writes_side_pool(scheme.version, scheme, pool):

@@ -33,11 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from hicache_ops.engine.admission import Arrival
 from hicache_ops.engine.cache import TieredCache
 from hicache_ops.engine.page_pools import CapacityError
+from hicache_ops.engine.parts import Arrival
 from hicache_ops.engine.results import PrefillResult
 from hicache_ops.sglang import policy as pol
 
@@ -73,7 +72,11 @@ class Scheduler:
         return not self.waiting and not self.running
 
     def submit(
-        self, prompt: ArrayLike, output: ArrayLike, extra_key: str | None = None, cache_salt: str | None = None
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
     ) -> Arrival:
         """A request arrives now: it queues and its prefetch is considered."""
         self.cache.advance_clock(self.clock)
