@@ -2,7 +2,8 @@
 
 It arrives: it joins the waiting queue and its prefetch is considered, as SGLang does when it
 queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit). While
-it waits, 0.5.23 re-issues a parked prefetch, or one whose local match shrank. It is admitted when
+it waits, 0.5.23 re-queries its miss (docs/controller.md#miss-re-query), or its prefetch when its
+local match shrank. It is admitted when
 the device can hold it next to what running requests hold and still write (its prefetch lands and
 its prompt is prefilled) and the pass's batch-size and input caps allow it
 (docs/controller.md#admission-budget), and its finish inserts prompt and output.

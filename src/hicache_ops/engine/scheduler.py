@@ -3,7 +3,7 @@
 Requests arrive together (a wave); each one's prefetch is considered on arrival, as SGLang does
 when it queues a request: threshold, in-flight limit, storage query and host allocation per
 version (docs/controller.md#in-flight-limit, #prefetch-host-allocation). Then scheduler passes run:
-each pass finishes the requests whose decode is over, re-issues 0.5.23's parked prefetches that
+each pass finishes the requests whose decode is over, re-queries 0.5.23's misses that
 are due, and admits waiting requests in queue order while the device can hold them next to the
 KV the running requests hold and the pass's batch-size and prefill-token caps allow
 (docs/controller.md#admission-budget) (0.5.23 first re-issues the prefetch of a request whose match shrank
