@@ -48,8 +48,10 @@ def test_in_flight_limit_factor(version):
 
 
 # The engine's counts on SGLang's constants (every 8 passes, at most 8 attempts), per decode
-# length: (re-issues, re-issues that went out). 4 attempts change the first, 4 passes the second.
-@pytest.mark.parametrize("decode, expected", [(200, (25, 1)), (30, (7, 4))])
+# length: (re-issues, re-issues that went out). 4 attempts change the first (10, 2), 4 passes the
+# second (10, 4). Misses are re-queried too and the due step follows SGLang's pop_ready
+# (tests/engine/test_miss_requery.py checks the steps against SGLang's StoragePrefetchRetries).
+@pytest.mark.parametrize("decode, expected", [(200, (18, 2)), (30, (7, 4))])
 def test_retry_budget_0_5_23(decode, expected):
     """Rate-limited prefetches of requests that wait (running requests decode `decode` tokens) are
     re-issued every 8 scheduler passes, at most 8 times (docs/controller.md#in-flight-limit)."""

@@ -2,7 +2,8 @@
 
 It arrives: it joins the waiting queue and its prefetch is considered, as SGLang does when it
 queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit). While
-it waits, 0.5.23 re-issues a parked prefetch, or one whose local match shrank. It is admitted when
+it waits, 0.5.23 re-queries its miss (docs/controller.md#miss-re-query), or its prefetch when its
+local match shrank. It is admitted when
 the device can hold it next to what running requests hold and still write (its prefetch lands and
 its prompt is prefilled) and the pass's batch-size and input caps allow it
 (docs/controller.md#admission-budget), and its finish inserts prompt and output.
@@ -10,43 +11,32 @@ its prompt is prefilled) and the pass's batch-size and input caps allow it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import numpy as np
 
-from hicache_ops.engine.l3_prefetch import IssuedPrefetch
+from hicache_ops.engine.l3_prefetch import stop_verdict
+from hicache_ops.engine.parts import Arrival, CacheParts
 from hicache_ops.engine.results import PrefillResult
-from hicache_ops.engine.tree import Node
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array
 
 
-@dataclass(eq=False)
-class Arrival:
-    """A request queued by the concurrency model (scheduler.py), between arrival and finish."""
-
-    prompt: np.ndarray
-    output: np.ndarray
-    n_pages: int
-    keys: tuple[list[str], list[str]]
-    result: PrefillResult
-    decode_passes: int
-    prefetch: IssuedPrefetch | None = None
-    rate_limited: bool = False
-    retries: int = 0
-    parked_at: int = 0  # the scheduler pass its prefetch was refused at
-    anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
-    matched_pages: int = 0  # its local match when its prefetch was last considered
-    held: list[Node] = field(default_factory=list)
-
-
-class Admission:
+class Admission(CacheParts):
     """TieredCache's concurrency-model steps (a mixin: it uses the cache's config, tree, device and
     host pools, lock, in-flight and reserved counts, the prefetch issue of prefetch.py, and the
     cache's own prefill and finish)."""
 
-    def arrive(self, prompt, output, extra_key: str | None = None, cache_salt: str | None = None) -> Arrival:
+    def arrive(
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
+        extra_key: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        now: float = 0.0,
+    ) -> Arrival:
         """A request joins the waiting queue: its prefetch is considered now, as SGLang does when it
         queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit)."""
         arr, n_pages = self._check_prompt(prompt)
@@ -59,10 +49,11 @@ class Admission:
             arr, out, n_pages, self.keys_for(arr, extra_key, cache_salt), result, decode_passes=int(out.size)
         )
         with self.lock:
-            self._queue_prefetch(arrival, 0)
+            self._queue_prefetch(arrival, now)
         return arrival
 
-    def _queue_prefetch(self, arrival: Arrival, pass_no: int) -> None:
+    def _queue_prefetch(self, arrival: Arrival, now: float) -> None:
+        arrival.retry_armed, arrival.retry_due = False, None  # a new attempt replaces a pending one
         if self.l3 is None:
             return
         tree_keys, storage_keys = arrival.keys
@@ -72,24 +63,65 @@ class Admission:
         if pos >= cap:
             return
         info = arrival.result.prefetch
-        arrival.prefetch = self._issue_prefetch(storage_keys, pos, cap, info, anchor=anchor, tokens=arrival.prompt)
+        arrival.prefetch, poll_again = self._issue_prefetch(
+            storage_keys, pos, cap, info, anchor=anchor, tokens=arrival.prompt, now=now
+        )
         if arrival.prefetch is not None and anchor is not None:
             # The anchor's host copy is pinned until admission (SGLang's protect_host): host
             # eviction then cannot shorten the match the prefetched pages attach to.
             self.tree.pin_host([anchor], 1)
             arrival.anchor = anchor
-        arrival.rate_limited = info.rate_limited and pol.retries_rate_limited(self.config.sglang_version)
+        arrival.retry_armed = poll_again and pol.retries_rate_limited(self.config.sglang_version)
         info.rate_limited = False
-        arrival.parked_at = pass_no
 
-    def retry_prefetch(self, arrival: Arrival, pass_no: int) -> bool:
-        """0.5.23 re-issues a parked prefetch of a request still waiting; True when it went out."""
+    def retry_prefetch(self, arrival: Arrival, step: int, now: float = 0.0) -> bool:
+        """0.5.23 re-issues the prefetch of a request still waiting whose miss was due for a
+        re-query (docs/controller.md#miss-re-query); True when it went out."""
         arrival.retries += 1
+        arrival.retried_at.append(step)
         with self.lock:
-            self._queue_prefetch(arrival, pass_no)
+            self._queue_prefetch(arrival, now)
         return arrival.prefetch is not None
 
-    def requery_after_match_loss(self, arrival: Arrival, pass_no: int) -> bool:
+    def check_prefetch(self, arrival: Arrival, now: float) -> bool:
+        """SGLang's admission check of a waiting request's prefetch at scheduler time `now`
+        (docs/controller.md#stop-policies): True when it has ended (or there is none) and the
+        request may be admitted; False: the stop policy waits on, and the request is skipped
+        this pass. An ended prefetch leaves the in-flight count; its pages land at admission."""
+        hold = arrival.prefetch
+        if hold is None or hold.completed is not None:
+            return True
+        cfg = self.config
+        verdict = stop_verdict(
+            cfg.stop_policy, cfg.sglang_version, self._prefetch_budget(hold), hold, now, hold.first_check_at
+        )
+        if not verdict.stop:
+            if hold.first_check_at is None:
+                hold.first_check_at = now
+            return False
+        hold.completed, hold.stopped_at = verdict.arrived, now
+        with self.lock:
+            self._release_in_flight(hold)
+        return True
+
+    def next_prefetch_event(self, arrivals: list[Arrival], now: float) -> float | None:
+        """The earliest scheduler time after `now` at which a waiting request's unfinished
+        prefetch changes what its admission check says (a page lands or the budget runs out)."""
+        cfg = self.config
+        times = []
+        for arrival in arrivals:
+            hold = arrival.prefetch
+            if hold is None or hold.completed is not None:
+                continue
+            times += [hold.issued_at + t for t in hold.outcome.done_at]
+            start = hold.issued_at if pol.clock_starts_at_issue(cfg.sglang_version) else hold.first_check_at
+            if cfg.stop_policy == "timeout" and start is not None:
+                expiry = start + self._prefetch_budget(hold)
+                times.append(expiry + 1e-9 * max(1.0, expiry))  # the budget runs out just after
+        later = [t for t in times if t > now]
+        return min(later) if later else None
+
+    def requery_after_match_loss(self, arrival: Arrival, step: int, now: float = 0.0) -> bool:
         """0.5.23: a waiting request whose local match shrank since its prefetch was considered
         (other requests' allocations evicted its pages) re-issues its prefetch from the shorter
         match instead of being admitted on this pass, within the retry budget. True: re-issued."""
@@ -103,13 +135,13 @@ class Admission:
                 return False
             hold, arrival.prefetch = arrival.prefetch, None
             if hold is not None:
-                self.in_flight_tokens -= hold.requested_tokens
+                self._release_in_flight(hold)
                 self.host.give_many(hold.host_pages)
             if arrival.anchor is not None:
                 self.tree.pin_host([arrival.anchor], -1)
                 arrival.anchor = None
             arrival.retries += 1
-            self._queue_prefetch(arrival, pass_no)
+            self._queue_prefetch(arrival, now)
         return True
 
     def _output_pages(self, arrival: Arrival) -> int:
@@ -130,6 +162,8 @@ class Admission:
                 if not ok:
                     break
                 read += 1
+            if hold.completed is not None:
+                read = min(read, hold.completed)
             matched = max(matched, min(cap, hold.pos + read))
         return int(arrival.prompt.size) - matched * ps
 

@@ -8,10 +8,12 @@ makes the host copy only when a node leaves the device.
 
 from __future__ import annotations
 
+from hicache_ops.engine.l3_prefetch import transfer_seconds
+from hicache_ops.engine.parts import CacheParts
 from hicache_ops.engine.tree import Node, page_views
 
 
-class Backups:
+class Backups(CacheParts):
     """TieredCache's backups (a mixin: it uses the cache's config, tree, plane, L3 tier, stats,
     observer and host allocation from pools.py)."""
 
@@ -49,11 +51,16 @@ class Backups:
             if node.host is not None or node.device is None:
                 continue
             parent = node.parent
-            if parent is not self.tree.root and parent.host is None:
+            if parent is not None and parent is not self.tree.root and parent.host is None:
                 if not self._chains_ancestors:
                     continue  # 0.5.14: backed-up nodes form a prefix; this one waits for its parent
-                chain = []
-                while parent is not self.tree.root and parent.host is None and parent.device is not None:
+                chain: list[Node] = []
+                while (
+                    parent is not None
+                    and parent is not self.tree.root
+                    and parent.host is None
+                    and parent.device is not None
+                ):
                     chain.append(parent)
                     parent = parent.parent
                 for ancestor in reversed(chain):
@@ -75,14 +82,20 @@ class Backups:
                 l2=self.config.enable_l2,
             )
             return 0
-        moved = self.plane.backup(node.device, host_pages)
+        device = node.device
+        if device is None:  # only a device-resident node is backed up
+            self.host.give_many(host_pages)
+            return 0
+        moved = self.plane.backup(device, host_pages)
+        if moved:
+            self._l3_page_bytes = moved / n
         self.stats.bytes_d2h += moved
         self._last_backup_bytes += moved
         if self._observer is not None:
             self._emit(
                 "backup_host",
                 nodes=page_views([node]),
-                device_pages=list(node.device),
+                device_pages=list(device),
                 host_pages=host_pages,
                 bytes=moved,
             )
@@ -94,10 +107,43 @@ class Backups:
 
     def _backup_to_l3(self, node: Node, first: int) -> None:
         """Write pages first.. of a backed-up node to L3. SGLang writes a node once, when its host
-        copy is acknowledged, and stops at the first failed batch without retrying."""
+        copy is acknowledged, and stops at the first failed batch without retrying. Under the
+        concurrency model's clock with modelled transfer time, the write is queued behind the
+        ones before it and its objects appear when it ends (docs/controller.md#transfer-time)."""
         if self.l3 is None or node.host is None or first >= len(node.keys):
             return
-        ok, outcome = self.l3.write(node.storage_keys[first:], node.host[first:])
+        cfg = self.config
+        if self.clock is not None and (cfg.l3_bandwidth_bytes_s is not None or cfg.l3_latency_s > 0):
+            pages = len(node.keys) - first
+            start = max(self.clock, self._l3_writer_free_at)
+            self._l3_writer_free_at = start + transfer_seconds(
+                pages, self._l3_page_bytes, cfg.l3_bandwidth_bytes_s, cfg.l3_latency_s
+            )
+            self.tree.pin_host([node], 1)  # its host copy is read until the write ends
+            self._pending_l3_writes.append((self._l3_writer_free_at, node, first))
+            return
+        self._write_to_l3(node, first)
+
+    def advance_clock(self, now: float) -> None:
+        """The concurrency model's clock reached `now`: L3 writes that have ended by then put
+        their objects (in the order they were queued)."""
+        self.clock = now
+        while self._pending_l3_writes and self._pending_l3_writes[0][0] <= now:
+            _, node, first = self._pending_l3_writes.pop(0)
+            self.tree.pin_host([node], -1)
+            if node.host is not None:
+                self._write_to_l3(node, first)
+
+    def drain_l3_writes(self) -> None:
+        """Complete every queued L3 write now (a request served outside the concurrency model)."""
+        if self._pending_l3_writes:
+            self.advance_clock(max(t for t, _, _ in self._pending_l3_writes))
+
+    def _write_to_l3(self, node: Node, first: int) -> None:
+        l3, host = self.l3, node.host
+        if l3 is None or host is None:
+            return
+        ok, outcome = l3.write(node.storage_keys[first:], host[first:])
         written = 0
         for page_ok in ok:
             if not page_ok:

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from hicache_ops.engine.admission import Admission, Arrival
+from hicache_ops.engine.admission import Admission
 from hicache_ops.engine.backup import Backups
 from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.l3_prefetch import L3Prefetch
 from hicache_ops.engine.page_pools import CapacityError, PagePool, PoolAllocation
+from hicache_ops.engine.parts import Arrival, TokenKeys
 from hicache_ops.engine.planes import DataPlane, L3Tier
 from hicache_ops.engine.results import CacheStats, PrefillResult
 from hicache_ops.engine.tree import Node, RadixTree, page_views
@@ -74,10 +75,16 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # The (extra_key, cache_salt) namespaces requests have keyed pages under, first seen first
         # (at most NAMESPACES_KEPT): a prompt missed without its namespace can be tried under them.
         self.namespaces: dict[tuple[str | None, str | None], None] = {}
+        # The concurrency model's clock (seconds; None until a scheduler drives the cache) and the
+        # L3 writes queued on it (docs/controller.md#transfer-time): (when it ends, node, first page).
+        self.clock: float | None = None
+        self._pending_l3_writes: list[tuple[float, Node, int]] = []
+        self._l3_writer_free_at = 0.0
+        self._l3_page_bytes = 0.0
         # Set for one call by prefill(observer=...): sees each step of the real path as it happens.
         self._observer: Callable[[str, dict[str, Any]], None] | None = None
 
-    def _emit(self, event: str, **data) -> None:
+    def _emit(self, event: str, **data: Any) -> None:
         if self._observer is not None:
             self._observer(event, data)
 
@@ -112,7 +119,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     # -- the request path -----------------------------------------------------------------------
 
-    def _check_prompt(self, tokens) -> tuple[np.ndarray, int]:
+    def _check_prompt(self, tokens: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
         cfg = self.config
         arr = as_token_array(tokens, cfg.sglang_version)
         if arr.size == 0:
@@ -127,7 +134,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def prefill(
         self,
-        tokens,
+        tokens: Sequence[int] | np.ndarray,
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
@@ -142,6 +149,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         """
         arr, n_pages = self._check_prompt(tokens)
         with self.lock:
+            self.drain_l3_writes()
             self._observer = observer
             try:
                 result, held, _, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
@@ -152,8 +160,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def request(
         self,
-        prompt,
-        output,
+        prompt: Sequence[int] | np.ndarray,
+        output: Sequence[int] | np.ndarray,
         extra_key: str | None = None,
         cache_salt: str | None = None,
         known_keys: tuple[list[str], list[str]] | None = None,
@@ -174,6 +182,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             raise InputError("a request generates at least one token.")
         decodes = out.size > 1
         with self.lock:
+            self.drain_l3_writes()
             result, held, keys, tail = self._prefill(
                 arr, n_pages, extra_key, cache_salt, False, False, count_hits=decodes, hold_tail=True, known=known_keys
             )
@@ -193,18 +202,18 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def _prefill(
         self,
-        arr,
-        n_pages,
-        extra_key,
-        cache_salt,
-        with_keys,
-        force_backup,
+        arr: np.ndarray,
+        n_pages: int,
+        extra_key: str | None,
+        cache_salt: str | None,
+        with_keys: bool,
+        force_backup: bool,
         *,
         arrival: Arrival | None = None,
         count_hits: bool = True,
         hold_tail: bool = False,
         known: tuple[list[str], list[str]] | None = None,
-    ):
+    ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]:
         """The prompt half of a request; returns the result, the deepest nodes it locked, the
         prompt's (tree, L3) page keys, and the device page holding the prompt's partial last page
         (`hold_tail`: the request keeps it for its finish; none when the prompt is whole pages).
@@ -267,7 +276,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                 hold, arrival.prefetch = arrival.prefetch, None
                 if hold is not None:
                     if hold.pos != pos:  # the match moved while it queued: the pages do not attach here
-                        self.in_flight_tokens -= hold.requested_tokens
+                        self._release_in_flight(hold)
                         self.host.give_many(hold.host_pages)
                         result.prefetch.reason = "the local match changed while the request queued"
                     else:
@@ -352,9 +361,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
     def _finish(
         self,
         tokens: np.ndarray,
-        prompt_keys,
-        extra_key,
-        cache_salt,
+        prompt_keys: TokenKeys,
+        extra_key: str | None,
+        cache_salt: str | None,
         result: PrefillResult,
         *,
         held_pages: list[int] | None = None,
@@ -438,7 +447,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             )
         if pages is None:
             return False
-        host = [p for n in nodes for p in n.host]
+        host = [p for n in nodes for p in (n.host or [])]
         keys = [k for n in nodes for k in n.storage_keys]
         moved, bad = self.plane.load(host, pages, keys)
         self.stats.bytes_h2d += moved
@@ -455,6 +464,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
     def flush(self) -> None:
         """Drop L1 and L2 (like SGLang's /flush_cache); L3 is untouched."""
         with self.lock:
+            self.drain_l3_writes()
             self.tree = RadixTree(self.config.sglang_version, self.config.eviction_policy)
             self.device.reset()
             self.host.reset()

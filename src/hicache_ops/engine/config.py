@@ -31,6 +31,13 @@ class CacheConfig:
     # (--max-prefill-tokens, chunked prefill off). None: no cap.
     max_running_requests: int | None = None
     max_prefill_tokens: int | None = None
+    # Modelled time (docs/controller.md#transfer-time): an L3 read batch takes `l3_latency_s` plus
+    # its bytes / `l3_bandwidth_bytes_s` (None: no bandwidth limit), on top of what the L3 tier
+    # itself reports; an L3 write becomes visible to lookups as long after its host copy is
+    # acknowledged. The concurrency model's scheduler pass takes `pass_s` on its clock.
+    l3_bandwidth_bytes_s: float | None = None
+    l3_latency_s: float = 0.0
+    pass_s: float = 0.02
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
@@ -43,6 +50,11 @@ class CacheConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise InputError(f"{name.replace('_', ' ')} {value} must be > 0.")
+        if self.l3_bandwidth_bytes_s is not None and self.l3_bandwidth_bytes_s <= 0:
+            raise InputError(f"L3 bandwidth {self.l3_bandwidth_bytes_s} bytes/s must be > 0.")
+        for name in ("l3_latency_s", "pass_s", "admission_s"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name.replace('_', ' ')} {getattr(self, name)} must be >= 0.")
         pol.check_write_policy(self.write_policy)
         pol.check_stop_policy(self.stop_policy)
         validate_version(self.sglang_version)

@@ -10,30 +10,79 @@ tree as host nodes. `prefetch()` is the operation alone: pull a prompt's pages i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from hicache_ops.engine.parts import CacheParts, IssuedPrefetch
 from hicache_ops.engine.planes import ReadOutcome
 from hicache_ops.engine.results import PrefetchInfo, PrefillResult
-from hicache_ops.engine.tree import Node, page_views
+from hicache_ops.engine.tree import Node, RadixTree, page_views
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array, page_keys
 from hicache_ops.sglang.versions import V0_5_14
 
 
-@dataclass
-class IssuedPrefetch:
-    """An issued prefetch, holding its host pages until the request's admission lands it."""
+@dataclass(frozen=True)
+class StopVerdict:
+    """What an admission check makes of an issued prefetch at one instant."""
 
-    pos: int  # the first page it reads
-    requested_tokens: int
-    host_pages: list[int]
-    outcome: ReadOutcome
+    stop: bool  # the check ends the prefetch now (the request may be admitted)
+    arrived: int  # leading pages read by then (what counts if it stops)
 
 
-def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
+def stop_verdict(
+    policy: str, version: str, budget_s: float, hold: IssuedPrefetch, now: float, first_check_at: float | None
+) -> StopVerdict:
+    """The admission check's stop decision (docs/controller.md#stop-policies): a finished read
+    ends at once; best_effort ends it at the first check with what has arrived; wait_complete
+    waits for the last page; timeout ends it once the budget has run out, counted from the issue
+    (0.5.14) or from the first check that found it unfinished (0.5.23)."""
+    outcome, start = hold.outcome, hold.issued_at
+    arrived = 0
+    while arrived < len(outcome.ok) and outcome.ok[arrived] and start + outcome.done_at[arrived] <= now:
+        arrived += 1
+    finished = not outcome.done_at or start + max(outcome.done_at) <= now
+    if finished or policy == "best_effort":
+        return StopVerdict(True, arrived)
+    if policy == "wait_complete":
+        return StopVerdict(False, arrived)
+    clock = start if pol.clock_starts_at_issue(version) else (now if first_check_at is None else first_check_at)
+    return StopVerdict(now - clock > budget_s, arrived)
+
+
+def transfer_seconds(pages: int, page_bytes: float, bandwidth_bytes_s: float | None, latency_s: float) -> float:
+    """Modelled seconds an L3 transfer of `pages` pages takes: per batch of
+    policy.STORAGE_BATCH_PAGES pages, `latency_s` plus its bytes / bandwidth (docs/controller.md#transfer-time)."""
+    batches = -(-pages // pol.STORAGE_BATCH_PAGES)
+    moved = pages * page_bytes / bandwidth_bytes_s if bandwidth_bytes_s else 0.0
+    return batches * latency_s + moved
+
+
+def modelled_done_at(
+    done_at: list[float], nbytes: int, bandwidth_bytes_s: float | None, latency_s: float
+) -> list[float]:
+    """Per page, when it has arrived: the tier's own time, or later the modelled transfer (each
+    batch of policy.STORAGE_BATCH_PAGES pages takes `latency_s` + its bytes / bandwidth, batches one
+    after another, and a batch's pages count when it ends, as SGLang acknowledges progress per
+    batch: docs/controller.md#transfer-time)."""
+    n = len(done_at)
+    if not n or (bandwidth_bytes_s is None and not latency_s):
+        return done_at
+    per_page = nbytes / n
+    out, clock = list(done_at), 0.0
+    for first in range(0, n, pol.STORAGE_BATCH_PAGES):
+        last = min(first + pol.STORAGE_BATCH_PAGES, n)
+        clock += latency_s + ((last - first) * per_page / bandwidth_bytes_s if bandwidth_bytes_s else 0.0)
+        for i in range(first, last):
+            out[i] = max(out[i], clock)
+    return out
+
+
+def prefetch_anchor(tree: RadixTree, anchor: Node | None, version: str) -> tuple[str, Node | None]:
     """SGLang's gate on the node a prefetch continues from: the last node of the local match
     (docs/controller.md#prefetch-anchor). Returns ("", None) when it is the root or backed up
     (the lookup chains from the prompt's own keys). Past a node with no host copy: 0.5.23 issues
@@ -49,7 +98,7 @@ def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node 
             None,
         )
     backed = anchor.parent
-    while backed is not tree.root and backed.host is None:
+    while backed is not None and backed is not tree.root and backed.host is None:
         backed = backed.parent
     return (
         "the local match ends in a node with no host copy: 0.5.14 chains the lookup keys from the nearest "
@@ -58,28 +107,106 @@ def prefetch_anchor(tree, anchor: Node | None, version: str) -> tuple[str, Node 
     )
 
 
-class L3Prefetch:
+@dataclass(frozen=True)
+class PrefetchDecision:
+    """Whether a prefetch goes on to the storage lookup, and if not, which rule refused it."""
+
+    reason: str  # "" : go on to the lookup
+    rule: str  # "", "anchor", "threshold", "no_l2" or "rate_limited"
+
+
+def prefetch_decision(
+    version: str,
+    *,
+    gate: str,
+    considered_tokens: int,
+    threshold: int,
+    enable_l2: bool,
+    in_flight_tokens: int,
+    limit_tokens: int,
+) -> PrefetchDecision:
+    """SGLang's decision to look a request's unmatched span up in L3, in SGLang's order: 0.5.23's
+    anchor gate (`gate`, from `prefetch_anchor`; 0.5.14 issues and misses instead), the threshold
+    (docs/controller.md#prefetch-threshold-and-revocation), the host pool L3 reads stage through,
+    the in-flight limit (#in-flight-limit). The engine and `trace` both ask it, with the
+    per-request state passed in."""
+    if gate and version != V0_5_14:
+        return PrefetchDecision(gate, "anchor")
+    if considered_tokens < threshold:
+        return PrefetchDecision(f"below the prefetch threshold ({considered_tokens} < {threshold} tokens)", "threshold")
+    if not enable_l2:
+        return PrefetchDecision("no host pool: L3 reads stage through L2", "no_l2")
+    if in_flight_tokens >= limit_tokens:
+        return PrefetchDecision(pol.rate_limited_verdict(version, in_flight_tokens, limit_tokens), "rate_limited")
+    return PrefetchDecision("", "")
+
+
+@dataclass(frozen=True)
+class LoneStop:
+    """The stop policy on a prefetch whose first admission check comes `admission_s` after it
+    was issued (one request at a time: `request()`, `prefill()`, `trace`)."""
+
+    completed: int  # leading pages read by the deadline
+    deadline_s: float  # after the issue (inf: wait_complete)
+    elapsed_s: float  # when the last page arrived
+    timeout_would_cut: bool
+
+
+def lone_stop(policy: str, version: str, budget_s: float, admission_s: float, outcome: ReadOutcome) -> LoneStop:
+    """docs/controller.md#stop-policies, #timeout-budget, for one request served alone."""
+    deadline = pol.stop_deadline(policy, budget_s, admission_s, version)
+    done = 0
+    while done < len(outcome.ok) and outcome.ok[done] and outcome.done_at[done] <= deadline:
+        done += 1
+    elapsed = max(outcome.done_at) if outcome.done_at else 0.0
+    cut = elapsed > pol.stop_deadline("timeout", budget_s, admission_s, version)
+    return LoneStop(done, deadline, elapsed, cut)
+
+
+class L3Prefetch(CacheParts):
     """TieredCache's L3 prefetch (a mixin: it uses the cache's config, tree, host pool and its
     allocation, L3 tier, stats, in-flight count and observer)."""
 
     def _fetch_to_host(
-        self, anchor: Node, tree_keys, storage_keys, pos: int, end: int, result, tokens=None
+        self,
+        anchor: Node,
+        tree_keys: list[str],
+        storage_keys: list[str],
+        pos: int,
+        end: int,
+        result: PrefillResult,
+        tokens: np.ndarray | None = None,
     ) -> list[Node]:
         """L3 -> L2 for one request at a time: issue the prefetch, then land it at once."""
-        hold = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
+        hold, _ = self._issue_prefetch(storage_keys, pos, end, result.prefetch, anchor=anchor, tokens=tokens)
         if hold is None:
             return []
         return self._land_prefetch(hold, anchor, tree_keys, storage_keys, result)
 
     def _issue_prefetch(
-        self, storage_keys, pos: int, end: int, info: PrefetchInfo, *, anchor: Node | None = None, tokens=None
-    ) -> IssuedPrefetch | None:
+        self,
+        storage_keys: list[str],
+        pos: int,
+        end: int,
+        info: PrefetchInfo,
+        *,
+        anchor: Node | None = None,
+        tokens: np.ndarray | None = None,
+        now: float = 0.0,
+    ) -> tuple[IssuedPrefetch | None, bool]:
         """Consider pages pos..end as SGLang does when it queues a request: the anchor gate,
-        threshold, in-flight limit, host allocation and storage query per version; the read starts.
-        None: not issued (`info.reason` says why, naming the rule and version). `anchor`: the node
-        the local match ends in; `tokens`: the prompt (0.5.14 re-chains the keys past an unbacked
-        anchor)."""
+        threshold, in-flight limit, host allocation and storage query per version; the read starts
+        at `now` (the scheduler clock). Returns the issued prefetch (None: not issued;
+        `info.reason` says why, naming the rule and version) and whether the outcome is one
+        0.5.23 polls again for a waiting request (docs/controller.md#miss-re-query): refused by
+        the in-flight limit, a storage hit below the threshold (none included), or no host room
+        for the hit; a span below the threshold or an unbacked anchor issues no lookup and is not.
+        `anchor`: the node the local match ends in; `tokens`: the prompt (0.5.14 re-chains the
+        keys past an unbacked anchor)."""
         cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        l3 = self.l3
+        if l3 is None:
+            raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
         info.considered_tokens = info.requested_tokens = (end - pos) * ps
         info.threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
         info.reason = ""
@@ -91,14 +218,17 @@ class L3Prefetch:
             chained = page_keys(tokens[pos * ps : end * ps], ps, V0_5_14, prior=prior_key)
             storage_keys = list(storage_keys[:pos]) + chained
         info.anchor_note = gate
-        if gate and version != V0_5_14:
-            info.reason = gate
-        elif info.considered_tokens < info.threshold:
-            info.reason = f"below the prefetch threshold ({info.considered_tokens} < {info.threshold} tokens)"
-        elif not cfg.enable_l2:
-            info.reason = "no host pool: L3 reads stage through L2"
-        elif self.in_flight_tokens >= limit:
-            info.reason = pol.rate_limited_verdict(version, self.in_flight_tokens, limit)
+        decision = prefetch_decision(
+            version,
+            gate=gate,
+            considered_tokens=info.considered_tokens,
+            threshold=info.threshold,
+            enable_l2=cfg.enable_l2,
+            in_flight_tokens=self.in_flight_tokens,
+            limit_tokens=limit,
+        )
+        info.reason = decision.reason
+        if decision.rule == "rate_limited":
             info.rate_limited = True
             self.stats.prefetches_rate_limited += 1
         self._emit(
@@ -110,7 +240,7 @@ class L3Prefetch:
             host_free_pages=self.host.free,
         )
         if info.reason:
-            return None
+            return None, info.rate_limited
         host_pages: list[int] | None = None
         span = end - pos
         if not pol.allocates_host_at_hit(version):
@@ -121,15 +251,15 @@ class L3Prefetch:
                     f"the host pool cannot give the {span} pages requested, nor the {threshold_pages} of the threshold "
                     "(0.5.14 allocates the requested span when it issues)"
                 )
-                return None
+                return None, False
             span = len(host_pages)
-        found = self.l3.lookup(storage_keys[pos : pos + span])
+        found = l3.lookup(storage_keys[pos : pos + span])
         info.rank_hits = found.rank_pages
         self._emit(
             "storage_query",
             info=info,
             storage_keys=storage_keys[pos : pos + span],
-            schemes=self.l3.schemes,
+            schemes=l3.schemes,
             lookup=found,
         )
         hit = found.pages
@@ -146,16 +276,16 @@ class L3Prefetch:
             )
             if gate:
                 info.reason += f" ({gate})"
-            return None
+            return None, True
         if host_pages is None:
             # 0.5.23 allocates for the hit once it is known, partially if the threshold still fits.
             host_pages = self._alloc_host(hit, at_least=threshold_pages, prefetch=True)
             if host_pages is None:
                 info.reason = (
                     f"the host pool cannot hold {hit} prefetched pages, nor the {threshold_pages} of the threshold "
-                    f"(0.5.23 parks the prefetch for a retry)"
+                    f"(0.5.23 polls it again for a waiting request)"
                 )
-                return None
+                return None, True
         else:
             self.host.give_many(host_pages[hit:])
         host_pages = host_pages[:hit]
@@ -164,30 +294,63 @@ class L3Prefetch:
         info.issued = True
         self.stats.prefetches_issued += 1
         self.in_flight_tokens += info.requested_tokens
-        outcome = self.l3.read(storage_keys[pos : pos + hit], host_pages)
+        outcome = l3.read(storage_keys[pos : pos + hit], host_pages)
+        outcome.done_at = modelled_done_at(outcome.done_at, outcome.nbytes, cfg.l3_bandwidth_bytes_s, cfg.l3_latency_s)
         self._emit("storage_read", storage_keys=storage_keys[pos : pos + hit], host_pages=host_pages, outcome=outcome)
         info.bytes = outcome.nbytes
         info.size_mismatched_objects = len(outcome.size_mismatches)
         self.stats.bytes_l3_read += outcome.nbytes
         self.stats.l3_side_objects_read += outcome.side_objects
         self.stats.size_mismatched_objects += len(outcome.size_mismatches)
-        return IssuedPrefetch(pos, info.requested_tokens, host_pages, outcome)
+        return IssuedPrefetch(pos, info.requested_tokens, host_pages, outcome, issued_at=now), False
 
-    def _land_prefetch(self, hold: IssuedPrefetch, anchor: Node, tree_keys, storage_keys, result) -> list[Node]:
+    def _release_in_flight(self, hold: IssuedPrefetch) -> None:
+        """The prefetch has ended: its requested tokens leave the in-flight count (once)."""
+        if hold.in_flight:
+            self.in_flight_tokens -= hold.requested_tokens
+            hold.in_flight = False
+
+    def _prefetch_budget(self, hold: IssuedPrefetch) -> float:
+        """The `timeout` stop policy's budget for an issued prefetch (docs/controller.md#timeout-budget)."""
+        cfg = self.config
+        hit_tokens = len(hold.host_pages) * cfg.page_size
+        return cfg.timeout_budget.seconds(
+            cfg.sglang_version, requested_tokens=hold.requested_tokens, hit_tokens=hit_tokens
+        )
+
+    def _land_prefetch(
+        self,
+        hold: IssuedPrefetch,
+        anchor: Node,
+        tree_keys: list[str],
+        storage_keys: list[str],
+        result: PrefillResult,
+    ) -> list[Node]:
         """The request's admission ends its prefetch: the stop policy decides how many pages count,
         they join the tree as host nodes below `anchor`, and the request leaves the in-flight count."""
-        cfg, ps, version = self.config, self.config.page_size, self.config.sglang_version
+        cfg, version = self.config, self.config.sglang_version
         info, outcome, host_pages, pos = result.prefetch, hold.outcome, hold.host_pages, hold.pos
-        self.in_flight_tokens -= hold.requested_tokens
+        self._release_in_flight(hold)
         hit = len(host_pages)
         result.bytes_read_from_l3 += outcome.nbytes
-        info.budget_s = cfg.timeout_budget.seconds(version, requested_tokens=info.requested_tokens, hit_tokens=hit * ps)
-        info.deadline_s = pol.stop_deadline(cfg.stop_policy, info.budget_s, cfg.admission_s, version)
-        done, deadline = 0, info.deadline_s
-        while done < hit and outcome.ok[done] and outcome.done_at[done] <= deadline:
-            done += 1
+        info.budget_s = self._prefetch_budget(hold)
         info.elapsed_s = max(outcome.done_at) if outcome.done_at else 0.0
-        info.timeout_would_cut = info.elapsed_s > pol.stop_deadline("timeout", info.budget_s, cfg.admission_s, version)
+        if hold.completed is not None and hold.stopped_at is not None:
+            # The concurrency model's admission check ended it (check_prefetch) on the scheduler clock.
+            done = hold.completed
+            info.deadline_s = hold.stopped_at - hold.issued_at
+            info.timeout_would_cut = (
+                hold.first_check_at is not None
+                and hold.issued_at + info.elapsed_s
+                > (hold.issued_at if pol.clock_starts_at_issue(version) else hold.first_check_at) + info.budget_s
+            )
+        else:
+            lone = lone_stop(cfg.stop_policy, version, info.budget_s, cfg.admission_s, outcome)
+            done, info.deadline_s, info.timeout_would_cut = (
+                min(lone.completed, hit),
+                lone.deadline_s,
+                lone.timeout_would_cut,
+            )
         info.completed_pages = done
         if done < hit:
             info.reason = (
@@ -215,7 +378,7 @@ class L3Prefetch:
 
     def prefetch(
         self,
-        tokens,
+        tokens: Sequence[int] | np.ndarray,
         extra_key: str | None = None,
         cache_salt: str | None = None,
         *,
@@ -232,13 +395,14 @@ class L3Prefetch:
         if self.l3 is None:
             raise InputError("this cache has no L3 tier to prefetch from.", hint="Start it with an L3 (--l3).")
         with self.lock:
+            self.drain_l3_writes()
             self._observer = observer
             try:
                 return self._prefetch_only(arr, extra_key, cache_salt)
             finally:
                 self._observer = None
 
-    def _prefetch_only(self, arr, extra_key, cache_salt) -> PrefillResult:
+    def _prefetch_only(self, arr: np.ndarray, extra_key: str | None, cache_salt: str | None) -> PrefillResult:
         ps, tree = self.config.page_size, self.tree
         n_pages = arr.size // ps
         self._request_device_evicted = self._request_host_evicted = 0

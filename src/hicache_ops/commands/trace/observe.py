@@ -20,7 +20,7 @@ from hicache_ops.commands.trace import dcp as dcp_view
 from hicache_ops.commands.trace.side_pools import side_lookup_step
 from hicache_ops.commands.trace.steps import _short
 from hicache_ops.commands.trace.tracer import FAIL, INFO, PASS, SKIP, Step, Tracer, _Stop
-from hicache_ops.engine.l3_prefetch import prefetch_anchor
+from hicache_ops.engine.l3_prefetch import lone_stop, modelled_done_at, prefetch_anchor, prefetch_decision
 from hicache_ops.sglang import policy as pol
 
 
@@ -69,8 +69,9 @@ def observe_read(
         )
 
         pos = local
-        considered = (n - pos) * ps
+        considered = (cap - pos) * ps
         threshold = pol.effective_prefetch_threshold(cfg.prefetch_threshold, ps)
+        limit = pol.prefetch_limit_tokens(cfg.sglang_version, cache.host.capacity * ps, cfg.device_pages * ps)
         detail = {
             "considered_tokens": considered,
             "threshold": threshold,
@@ -87,26 +88,29 @@ def observe_read(
                 causes=["start the serve with --l3"],
             )
             return t.steps
-        if considered < threshold or not cfg.enable_l2:
-            reason = (
-                f"below the prefetch threshold ({considered} < {threshold} tokens)"
-                if considered < threshold
-                else "no host pool: L3 reads stage through L2"
-            )
-            t.add(
-                "prefetch decision",
-                FAIL,
-                f"not issued: {reason}",
-                detail=detail,
-                causes=[
+        _, _, anchor = cache.tree.local_match(tree_keys[:cap])
+        gate, _ = prefetch_anchor(cache.tree, anchor, cfg.sglang_version)
+        decision = prefetch_decision(
+            cfg.sglang_version,
+            gate=gate,
+            considered_tokens=considered,
+            threshold=threshold,
+            enable_l2=cfg.enable_l2,
+            in_flight_tokens=cache.in_flight_tokens,
+            limit_tokens=limit,
+        )
+        if decision.rule in ("threshold", "no_l2", "rate_limited"):
+            causes = {
+                "threshold": [
                     f"SGLang prefetches only suffixes of at least max(prefetch_threshold, page_size) = {threshold} "
                     "tokens",
                     "lower extra-config prefetch_threshold, or send a longer prompt",
                 ],
-            )
+                "no_l2": ["L3 reads stage through the host pool: start the serve with one"],
+                "rate_limited": ["prefetches in flight hold the limit; they end when their requests are admitted"],
+            }[decision.rule]
+            t.add("prefetch decision", FAIL, f"not issued: {decision.reason}", detail=detail, causes=causes)
             return t.steps
-        _, _, anchor = cache.tree.local_match(tree_keys[:cap])
-        gate, _ = prefetch_anchor(cache.tree, anchor, cfg.sglang_version)
         if gate:
             t.add(
                 "prefetch decision",
@@ -128,7 +132,7 @@ def observe_read(
             detail=detail,
         )
 
-        suffix = storage_keys[pos:]
+        suffix = storage_keys[pos:cap]
         found = cache.l3.lookup(suffix)
         rank_hits = found.rank_pages
         hit = found.kv_pages
@@ -145,7 +149,7 @@ def observe_read(
                 dcp_view.shard_summary(cache),
                 detail={
                     "dcp_size": dcp_view.dcp_size_of(cache.l3.schemes),
-                    "dcp_pages": dcp_view.shard_table(cache, tokens, list(range(pos, n)), suffix),
+                    "dcp_pages": dcp_view.shard_table(cache, tokens, list(range(pos, cap)), suffix),
                 },
             )
         if getattr(cache.l3, "pools", ()):
@@ -204,6 +208,10 @@ def observe_read(
         scratch = cache.host.take_many(scratch_pages)
         try:
             outcome = cache.l3.read(suffix[:scratch_pages], scratch)
+            # The engine's modelled transfer time, as the request path applies it (docs/controller.md#transfer-time).
+            outcome.done_at = modelled_done_at(
+                outcome.done_at, outcome.nbytes, cfg.l3_bandwidth_bytes_s, cfg.l3_latency_s
+            )
         finally:
             cache.host.give_many(scratch)
     failed = [i for i, ok in enumerate(outcome.ok) if not ok]
@@ -262,11 +270,8 @@ def observe_read(
     )
 
     budget = cfg.timeout_budget.seconds(cfg.sglang_version, requested_tokens=considered, hit_tokens=hit * ps)
-    deadline = pol.stop_deadline(cfg.stop_policy, budget, cfg.admission_s, cfg.sglang_version)
-    done = 0
-    while done < len(outcome.ok) and outcome.ok[done] and outcome.done_at[done] <= deadline:
-        done += 1
-    elapsed = max(outcome.done_at) if outcome.done_at else 0.0
+    stop = lone_stop(cfg.stop_policy, cfg.sglang_version, budget, cfg.admission_s, outcome)
+    done, deadline, elapsed = stop.completed, stop.deadline_s, stop.elapsed_s
     detail = {
         "policy": cfg.stop_policy,
         "budget_s": budget,
@@ -275,7 +280,7 @@ def observe_read(
         "elapsed_s": elapsed,
         "hit_pages": scratch_pages,
         "completed_pages": done,
-        "timeout_would_cut": elapsed > max(cfg.admission_s, budget),
+        "timeout_would_cut": stop.timeout_would_cut,
     }
     if done < scratch_pages:
         t.add(
