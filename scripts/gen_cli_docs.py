@@ -32,6 +32,7 @@ RESULT_MODELS = {
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
+    "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
 
@@ -54,6 +55,8 @@ def _type_name(tp) -> str:
     """The JSON type a field's annotation prints as."""
     if tp is type(None):
         return "null"
+    if tp is typing.Any:
+        return "any"
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
