@@ -33,6 +33,8 @@ RESULT_MODELS = {
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
     "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
+    "hicache trace read": "hicache_ops.commands.trace.tracer:StepRecord",
+    "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
 

@@ -324,7 +324,9 @@ class Runtime:
             )
             read = observe_read if observe else trace_read
             run.steps = read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
-        return run.to_json()
+        from hicache_ops.results import json_data
+
+        return json_data(run.result())
 
     def metrics_text(self) -> str:
         from hicache_ops.server.metrics import render_metrics
