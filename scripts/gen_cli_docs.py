@@ -31,12 +31,18 @@ RESULT_MODELS = {
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
+    "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
+    "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
+    "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
     "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
     "hicache trace read": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
+
+# Commands whose --json is a list of their model's objects.
+RESULT_LISTS = {"hicache playbook list"}
 
 # The hand-written page of a group whose prose is not docs/cli/<group>.md.
 HAND_PAGES = {"bench": "../benchmarks.md", "prefetch": "warm.md"}
@@ -158,7 +164,8 @@ def _command_section(path: str, command) -> list[str]:
         out += ["`--json` prints a plain object (no result model yet).", ""]
     else:
         cls = _model(model)
-        out += [f"`--json` prints `{cls.__name__}` ({cls.__module__}):", ""]
+        shape = "a list of " if path in RESULT_LISTS else ""
+        out += [f"`--json` prints {shape}`{cls.__name__}` ({cls.__module__}):", ""]
         out += ["| field | type | meaning |", "|---|---|---|"]
         out += [f"| `{p}` | {t} | {_cell(d)} |" for p, t, d in field_rows(cls)]
         out.append("")
