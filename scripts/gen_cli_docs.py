@@ -38,6 +38,7 @@ RESULT_MODELS = {
     "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
     "hicache trace read": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
+    "hicache upgrade check": "hicache_ops.commands.upgrade:UpgradeResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
 
@@ -104,7 +105,7 @@ def field_rows(model, prefix: str = "") -> list[tuple[str, str, str]]:
     """(field path, JSON type, description) of every field of `model`, nested models expanded."""
     rows = []
     for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{info.serialization_alias or info.alias or name}"
         only = " (only with the option that adds it)" if name in model.optional_fields() else ""
         rows.append((path, _type_name(info.annotation), (info.description or "") + only))
         found = _nested(info.annotation)

@@ -26,7 +26,7 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, reporting, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stdout
 
 app = typer.Typer(
     cls=HicacheGroup,
@@ -128,4 +128,4 @@ def check(
             host_memory_mode=host_memory_mode,
         )
         report = check_upgrade(source, target, dep, master=master, timeout=timeout)
-        emit(report.to_json(), json_output, _render)
+        emit(report.result(), json_output, lambda result: _render(json_data(result)))
