@@ -31,6 +31,7 @@ RESULT_MODELS = {
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
+    "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
     "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
     "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
     "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",

@@ -219,7 +219,7 @@ class Runtime:
         cache = self.cache
         host = self.spec.host_layout(mooncake=self.store is not None)
         return {
-            "geometry": self.spec.geometry.to_json(),
+            "geometry": self.spec.geometry.view().model_dump(mode="json"),
             "page_size": self.spec.page_size,
             "tp_size": self.spec.tp_size,
             "dcp_size": self.spec.dcp_size,

@@ -6,6 +6,15 @@ from __future__ import annotations
 from pydantic import Field
 
 from hicache_ops.results import Result
+from hicache_ops.sglang.views import (
+    BufferView,
+    DevicePoolView,
+    GeometryView,
+    HostPoolView,
+    PageMetaView,
+    SideHostPoolView,
+    SidePageMetaView,
+)
 
 
 class KeyPage(Result):
@@ -118,3 +127,45 @@ def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
     if choice is not None:
         data |= choice.to_json()
     return InspectKeysResult(**data)
+
+
+class SideLayoutPool(SideHostPoolView):
+    pages: list[SidePageMetaView] = Field(description="the chosen pages' byte ranges and objects")
+
+
+_HOST = HostPoolView.model_fields
+
+
+class LayoutResult(Result):
+    """`hicache inspect layout --json`: the rewrites, one rank's host pool, chosen pages, side pools."""
+
+    sglang_version: str = Field(description="the SGLang release whose rules apply")
+    layout: str = Field(description="the host layout asked for")
+    effective_layout: str = Field(description="the layout SGLang runs with after its start-up rewrites")
+    requested_io_backend: str = Field(description="the io backend asked for")
+    io_backend: str = Field(description="the io backend SGLang runs with")
+    mooncake: bool = Field(description="the Mooncake backend is on (its rewrites and zero-copy rules apply)")
+    geometry: GeometryView = Field(description=_HOST["geometry"].description)
+    page_size: int = Field(description=_HOST["page_size"].description)
+    tp_size: int = Field(description=_HOST["tp_size"].description)
+    tp_lcm_size: int | None = Field(description=_HOST["tp_lcm_size"].description)
+    heads_per_rank: int = Field(description=_HOST["heads_per_rank"].description)
+    device_tokens: int = Field(description=_HOST["device_tokens"].description)
+    hicache_ratio: int | float = Field(description=_HOST["hicache_ratio"].description)
+    hicache_size_gb: int | float = Field(description=_HOST["hicache_size_gb"].description)
+    bytes_per_token: int = Field(description=_HOST["bytes_per_token"].description)
+    bytes_per_page: int = Field(description=_HOST["bytes_per_page"].description)
+    size_tokens: int = Field(description=_HOST["size_tokens"].description)
+    page_num: int = Field(description=_HOST["page_num"].description)
+    host_bytes: int = Field(description=_HOST["host_bytes"].description)
+    buffers: list[BufferView] = Field(description=_HOST["buffers"].description)
+    split_factor: int = Field(description=_HOST["split_factor"].description)
+    objects_per_page: int = Field(description=_HOST["objects_per_page"].description)
+    mooncake_objects_per_page: int = Field(description=_HOST["mooncake_objects_per_page"].description)
+    mooncake_zero_copy: bool = Field(description=_HOST["mooncake_zero_copy"].description)
+    device_pool: DevicePoolView = Field(description="the L1 pool one rank keeps")
+    pages: list[PageMetaView] = Field(description="the chosen pages' byte ranges (pages 0, 1 and the last by default)")
+    pools: list[SideLayoutPool] = Field(description="each side pool's host pool and chosen pages")
+    rewrites: list[str] = Field(description="SGLang's start-up rewrites of the layout and io backend")
+    notes: list[str] = Field(description="plain-language remarks (the rewrites among them)")
+    warnings: list[str] = Field(description="what SGLang does silently with these flags")
