@@ -36,6 +36,7 @@ RESULT_MODELS = {
     "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
     "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
+    "hicache tap": "hicache_ops.commands.tap.results:TapPlan",
     "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
     "hicache trace read": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
