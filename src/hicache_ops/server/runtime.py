@@ -244,7 +244,7 @@ class Runtime:
             "key_prefix": self.spec.schemes()[0].prefix,
             "side_pools": [
                 {
-                    **pool.to_json(
+                    **pool.view(
                         list(
                             dict.fromkeys(
                                 s
@@ -252,7 +252,7 @@ class Runtime:
                                 for s in self.spec.side_pool_suffixes(scheme)[pool.name]
                             )
                         )
-                    ),
+                    ).model_dump(mode="json"),
                     "spec": pool.to_text(),
                 }
                 for pool in self.spec.side_pools

@@ -131,3 +131,29 @@ class SideHostPoolView(Result):
     objects_per_page: int = Field(description="objects per page (0 without zero copy)")
     notes: list[str] = Field(description="plain-language remarks")
     warnings: list[str] = Field(description="what SGLang does silently with this pool")
+
+
+class SidePoolView(Result):
+    name: str = Field(description="SGLang's pool name")
+    suffixes: list[str] = Field(description="the pool's object suffixes over every selected rank")
+    hit_policy: str = Field(description="how SGLang counts the pool's hit pages")
+    trailing_pages: int | None = Field(description="pages a trailing-pages pool reads, else `null`")
+
+
+class L3LayoutView(Result):
+    """A server's `/get_hicache_l3_cache_layout` reply, read and checked."""
+
+    omit_if_none = ("rule_disagreements",)
+
+    enabled: bool = Field(description="the server has an L3 layout (HiCache with a storage backend)")
+    reason: str | None = Field(description="why it has none, `null` when enabled")
+    backend: str | None = Field(description="the storage backend")
+    page_size: int | None = Field(description="tokens per page")
+    key_prefix: str | None = Field(description="what precedes every page key in object keys")
+    is_mla_backend: bool | None = Field(description="the server's MLA flag for the store")
+    pp_size: int = Field(description="pipeline stages")
+    kv_suffixes: list[str] = Field(description="the KV's object suffixes over every stage")
+    pools: list[SidePoolView] = Field(description="the side pools and their suffixes")
+    rule_disagreements: list[dict[str, Any]] | None = Field(
+        None, description="with --sglang-url: where our key rule disagrees with the server's layout"
+    )

@@ -11,9 +11,11 @@ from hicache_ops.sglang.views import (
     DevicePoolView,
     GeometryView,
     HostPoolView,
+    L3LayoutView,
     PageMetaView,
     SideHostPoolView,
     SidePageMetaView,
+    SidePoolView,
 )
 
 
@@ -30,11 +32,7 @@ class KeyPage(Result):
     )
 
 
-class SidePool(Result):
-    name: str = Field(description="SGLang's pool name")
-    suffixes: list[str] = Field(description="the pool's object suffixes over every selected rank")
-    hit_policy: str = Field(description="how SGLang counts the pool's hit pages")
-    trailing_pages: int | None = Field(description="pages a trailing-pages pool reads, else `null`")
+SidePool = SidePoolView  # a side pool as inspect keys lists it
 
 
 class InspectKeysResult(Result):
@@ -78,7 +76,9 @@ class InspectKeysResult(Result):
     pool_source: str | None = Field(
         None, description='with --sglang-url: where the side pools came from (`"l3_layout"` or the flags)'
     )
-    l3_layout: dict | None = Field(None, description="the server's L3 layout, with our key rule's disagreements")
+    l3_layout: L3LayoutView | None = Field(
+        None, description="the server's L3 layout, with our key rule's disagreements"
+    )
     pool_disagreements: list[dict] | None = Field(None, description="--pool flags that differ from the layout's")
 
 
@@ -109,7 +109,7 @@ def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
         ],
         "notes": report.notes,
         "pools": [
-            pool.to_json(list(dict.fromkeys(s for rank in report.ranks for s in rank["pools"][pool.name])))
+            pool.view(list(dict.fromkeys(s for rank in report.ranks for s in rank["pools"][pool.name])))
             for pool in report.pools
         ],
     }
@@ -125,7 +125,7 @@ def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
         if diff.pool_hit_pages is not None:
             data |= {"restorable_prefix_pages": diff.restorable_prefix_pages, "pool_hit_pages": diff.pool_hit_pages}
     if choice is not None:
-        data |= choice.to_json()
+        data |= choice.result_fields()
     return InspectKeysResult(**data)
 
 
