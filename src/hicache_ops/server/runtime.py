@@ -207,7 +207,9 @@ class Runtime:
     def l3_state(self) -> dict:
         if self.l3_health is None:
             return {"state": "none" if self.l3.kind == "none" else "stopped"}
-        return self.l3_health.view().model_dump(mode="json")
+        from hicache_ops.results import json_data
+
+        return json_data(self.l3_health.view())
 
     def record_l3_error(self, message: str) -> None:
         if self.l3_health is not None:

@@ -157,3 +157,13 @@ class L3LayoutView(Result):
     rule_disagreements: list[dict[str, Any]] | None = Field(
         None, description="with --sglang-url: where our key rule disagrees with the server's layout"
     )
+
+
+class SglangServerView(Result):
+    """The SGLang server --sglang-url read: what a command's JSON says it took its settings from."""
+
+    url: str = Field(description="the server's URL")
+    version: str = Field(description="the SGLang version it reports")
+    route: str = Field(description="the route its settings were read from")
+    values: dict[str, Any] = Field(description="the settings read, by option name")
+    notes: list[str] = Field(description="what was assumed or could not be read")

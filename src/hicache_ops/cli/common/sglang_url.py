@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from hicache_ops.cli.common.options import INPUT, TimeoutOption
-from hicache_ops.cli.common.output import JSON_EXTRAS, reporting, stderr
+from hicache_ops.cli.common.output import JSON_EXTRAS, json_data, reporting, stderr
 
 SglangUrlOption = Annotated[
     str | None,
@@ -200,7 +200,7 @@ def sglang_url_option(*fields: str, **renamed: str) -> Callable:
             token = JSON_EXTRAS.set(
                 {
                     **JSON_EXTRAS.get(),
-                    "sglang_server": resolution.to_json(),
+                    "sglang_server": json_data(resolution.view()),
                     "server_disagreements": resolution.disagreements,
                     **_rules_from_server(resolution, given),
                 }
