@@ -32,9 +32,21 @@ RESULT_MODELS = {
     "hicache bench store": "hicache_ops.commands.bench.store_throughput:StoreBenchResult",
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
+    "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
+    "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
+    "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
+    "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",
     "hicache prefetch": "hicache_ops.commands.prefetch:PrefetchResult",
+    "hicache tap": "hicache_ops.commands.tap.results:TapPlan",
+    "hicache te check": "hicache_ops.commands.te.report:TeCheckResult",
+    "hicache trace read": "hicache_ops.commands.trace.tracer:StepRecord",
+    "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
+    "hicache upgrade check": "hicache_ops.commands.upgrade:UpgradeResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
 }
+
+# Commands whose --json is a list of their model's objects.
+RESULT_LISTS = {"hicache playbook list"}
 
 # The hand-written page of a group whose prose is not docs/cli/<group>.md.
 HAND_PAGES = {"bench": "../benchmarks.md", "prefetch": "warm.md"}
@@ -55,6 +67,8 @@ def _type_name(tp) -> str:
     """The JSON type a field's annotation prints as."""
     if tp is type(None):
         return "null"
+    if tp is typing.Any:
+        return "any"
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -94,7 +108,7 @@ def field_rows(model, prefix: str = "") -> list[tuple[str, str, str]]:
     """(field path, JSON type, description) of every field of `model`, nested models expanded."""
     rows = []
     for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{info.serialization_alias or info.alias or name}"
         only = " (only with the option that adds it)" if name in model.optional_fields() else ""
         rows.append((path, _type_name(info.annotation), (info.description or "") + only))
         found = _nested(info.annotation)
@@ -154,7 +168,8 @@ def _command_section(path: str, command) -> list[str]:
         out += ["`--json` prints a plain object (no result model yet).", ""]
     else:
         cls = _model(model)
-        out += [f"`--json` prints `{cls.__name__}` ({cls.__module__}):", ""]
+        shape = "a list of " if path in RESULT_LISTS else ""
+        out += [f"`--json` prints {shape}`{cls.__name__}` ({cls.__module__}):", ""]
         out += ["| field | type | meaning |", "|---|---|---|"]
         out += [f"| `{p}` | {t} | {_cell(d)} |" for p, t, d in field_rows(cls)]
         out.append("")

@@ -8,6 +8,7 @@ scripts/gen_cli_docs.py), so a field documents itself where it is declared.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_serializer
@@ -41,3 +42,29 @@ class Result(BaseModel):
                 for field in (name, *rest):
                     data.pop(field, None)
         return data
+
+
+def json_data(value: Any) -> Any:
+    """The one JSON rendering of a result: a model gives its fields in declaration order (its own
+    omissions applied), a dataclass value object its fields in order, containers their items; a
+    plain value passes through. What `--json` prints and what the serve's endpoints answer."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", fallback=_plain)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_data(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr}
+    if isinstance(value, dict):
+        return {k: json_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_data(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A value pydantic has no JSON form for, inside an `Any` field: a numpy scalar or array becomes
+    its Python value (`item()`, `tolist()`), anything else its text (what `json.dumps(default=str)`
+    printed before)."""
+    for name in ("item", "tolist"):
+        method = getattr(value, name, None)
+        if callable(method) and type(value).__module__ == "numpy":
+            return method()
+    return str(value)

@@ -16,6 +16,7 @@ from hicache_ops.mooncake.config import (
     parse_segment_size,
     resolve_store_config,
 )
+from hicache_ops.results import json_data
 
 GIB = 1024**3
 FIELDS = (
@@ -178,7 +179,8 @@ def test_sources_and_origin(clean_env, tmp_path):
     assert cfg.origin == "env" and cfg.sources["check_server"] == "env-invalid:MOONCAKE_CHECK_SERVER"
     assert cfg.check_server is False and "MOONCAKE_CHECK_SERVER" in cfg.warnings[0]
     assert cfg.master_metrics_address == "m:9003"
-    json.dumps(cfg.to_json())
+    data = json_data(cfg)  # the dataclass, rendered by the one JSON function
+    assert json.loads(json.dumps(data))["sources"]["check_server"] == "env-invalid:MOONCAKE_CHECK_SERVER"
 
 
 def test_0_5_14_rules(tmp_path):

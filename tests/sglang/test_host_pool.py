@@ -23,6 +23,7 @@ from sglang.srt.mem_cache.pool_host.mla import MLAHostAllocation, MLATokenToKVPo
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from cli_runner import hicache
+from hicache_ops.cli.common.output import json_data
 from hicache_ops.commands.inspect.layout import inspect_layout, parse_pages
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import PRESETS, ModelGeometry, resolve_geometry
@@ -357,7 +358,7 @@ def test_mha_layer_first_with_mooncake_is_not_zero_copy():
 
 def test_report_applies_rewrite_and_flags_page_head_direct():
     report = inspect_layout(PRESETS["tiny"], layout="layer_first", io_backend="direct", page_size=4, device_tokens=16)
-    data = report.to_json()
+    data = json_data(report.result())
     assert (data["layout"], data["effective_layout"], data["io_backend"]) == (
         "layer_first",
         "page_first_direct",

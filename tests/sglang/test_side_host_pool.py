@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 
 from cli_runner import hicache
+from hicache_ops.cli.common.output import json_data
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import PRESETS as PRESETS_GEOMETRY
 from hicache_ops.sglang.geometry import ModelGeometry
@@ -490,7 +491,7 @@ def test_cli_qwen3_next_preset_json():
     # The same as the library computes (which the tests above check against SGLang).
     kv = HostPoolLayout(PRESETS_GEOMETRY["qwen3-next-80b-a3b"], "page_first_direct", 64, 65536, sglang_version="0.5.14")
     (ours_mamba,), _ = side_host_pools([PoolSpec(**{**PRESETS["qwen3-next"].pools[0].__dict__, "tokens": 40})], kv)
-    assert {k: v for k, v in mamba.items() if k != "pages"} == ours_mamba.to_json()
+    assert {k: v for k, v in mamba.items() if k != "pages"} == json_data(ours_mamba.view())
 
 
 def test_cli_tp_splits_mamba_state_and_gpt_oss_swa():

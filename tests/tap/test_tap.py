@@ -614,3 +614,39 @@ def test_importing_the_tap_and_cli_stays_light():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_tap_human_output_wraps_its_notes_and_keeps_the_flags_whole(tmp_path):
+    """A real process at 80 columns: the notes wrap to the terminal; the launch flags stay on one
+    unwrapped line (they are pasted as they are)."""
+    env = {**os.environ, "COLUMNS": "80"}
+    run = subprocess.run(
+        [sys.executable, "-m", "hicache_ops.cli", "tap", "--tp-size", "2", "--path", str(tmp_path / "t.jsonl")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    flags = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hicache_ops.cli",
+                "tap",
+                "--tp-size",
+                "2",
+                "--path",
+                str(tmp_path / "t.jsonl"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        ).stdout
+    )["command_line"]
+    assert flags in run.stdout.splitlines()
+    assert all(len(line) <= 80 for line in run.stderr.splitlines()), run.stderr
+    assert "interface_v1 is required" in run.stderr

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import hicache
+from hicache_ops.cli.common.output import json_data
 from hicache_ops.commands.te.report import check_reuse
 from hicache_ops.commands.te.rule import REUSE_LOG_LINE, node_ranks, rdma_devices
 from hicache_ops.errors import InputError
@@ -285,7 +286,7 @@ def test_table_against_the_rule(row: Row, version: str, tmp_path):
         assert [r.eligible for r in report.ranks] == row.ranks
     if row.why:
         assert any(row.why in c.why for c in report.conditions if not c.ok)
-    data = report.to_json()
+    data = json_data(report.result())
     assert [set(c) for c in data["conditions"]] == [{"name", "ok", "actual", "expected", "why"}] * 4
     if report.eligible:
         assert data["fix"] is None
@@ -301,9 +302,9 @@ def test_default_env_explains_the_empty_string_versus_none(tmp_path):
     assert (dev.actual, dev.expected) == ("", None)
     assert '"" == None is false' in dev.why
     assert report.server_args_assumed and report.conditions[0].ok
-    changes = report.fix["changes"]
+    changes = json_data(report.fix)["changes"]
     assert {c["name"] for c in changes} == {"MOONCAKE_DEVICE", "disaggregation_ib_device"}
-    assert "MC_FORCE_TCP=1" in report.fix["alternative"]  # for TCP-only deployments only
+    assert "MC_FORCE_TCP=1" in json_data(report.fix)["alternative"]  # for TCP-only deployments only
 
 
 def test_fixes_name_the_source_that_really_holds_the_value(tmp_path):
@@ -314,7 +315,7 @@ def test_fixes_name_the_source_that_really_holds_the_value(tmp_path):
         server_args=HICACHE + " --disaggregation-ib-device mlx5_0",
         env={"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path)},
     )
-    assert report.fix["changes"] == [
+    assert json_data(report.fix)["changes"] == [
         {
             "kind": "config",
             "name": "device_name",
@@ -324,22 +325,24 @@ def test_fixes_name_the_source_that_really_holds_the_value(tmp_path):
     ]
     # tcp deployments: keep TCP with MC_FORCE_TCP=1 and protocol "rdma"
     report = check_reuse("0.5.23", env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_PROTOCOL": "tcp"})
-    names = [c["name"] for c in report.fix["changes"]]
-    assert names == ["MOONCAKE_PROTOCOL", "MC_FORCE_TCP"] and report.fix["verified"]
+    names = [c["name"] for c in json_data(report.fix)["changes"]]
+    assert names == ["MOONCAKE_PROTOCOL", "MC_FORCE_TCP"] and json_data(report.fix)["verified"]
     # per-rank store map without an IB flag: the same devices keyed by GPU id
     report = check_reuse(
         "0.5.23",
         server_args=HICACHE + " --tp-size 2 --base-gpu-id 4",
         env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": MAP2},
     )
-    assert report.fix["changes"][0]["value"] == '{"4":"mlx5_0","5":"mlx5_1"}'
+    assert json_data(report.fix)["changes"][0]["value"] == '{"4":"mlx5_0","5":"mlx5_1"}'
     # DP attention: two ranks share storage tp rank 0, so the fix goes to the flag
     report = check_reuse(
         "0.5.23",
         server_args=HICACHE + f" --tp-size 2 --attn-dp-size 2 --disaggregation-ib-device '{MAP2}'",
         env={"MOONCAKE_MASTER": "10.0.0.1:50051", "MOONCAKE_DEVICE": '{"0": "mlx5_0"}'},
     )
-    assert report.fix["changes"][0]["name"] == "disaggregation_ib_device" and report.fix["verified"]
+    assert (
+        json_data(report.fix)["changes"][0]["name"] == "disaggregation_ib_device" and json_data(report.fix)["verified"]
+    )
 
 
 def test_warnings_for_what_sglang_does_silently(tmp_path):
@@ -414,6 +417,38 @@ def invoke(*args: str, env: dict | None = None):
     return hicache(["te", "check", *args], env=env)
 
 
+def test_human_output_leads_with_the_verdict_and_wraps_its_prose():
+    """A real process at 100 columns: line 1 is the answer; no line (the long `why:` and `does it
+    matter?` sentences included) is wider than the terminal, and no word is lost to the wrapping."""
+    env = {**os.environ, "COLUMNS": "100", "MOONCAKE_MASTER": "1.2.3.4:5"}
+    for args, verdict in ((["--env", "MC_FORCE_TCP=1"], "verdict: reused"), ([], "verdict: not reused")):
+        run = subprocess.run(
+            [sys.executable, "-m", "hicache_ops.cli", "te", "check", "--sglang-version", "0.5.23", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        lines = run.stdout.splitlines()
+        assert lines[0].startswith(verdict), run.stdout
+        for line in lines + run.stderr.splitlines():
+            assert len(line) <= 100 and line == line.rstrip(), repr(line)
+        data = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "hicache_ops.cli", "te", "check", "--sglang-version", "0.5.23", *args, "--json"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            ).stdout
+        )
+        flat = " ".join(run.stdout.split())
+        for cond in data["conditions"]:
+            assert " ".join(cond["why"].split()) in flat
+        if data["fix"]:
+            assert " ".join(data["fix"]["matters"].split()) in flat
+
+
 def test_cli_exit_codes_and_json_shape(tmp_path):
     ok = invoke("--json", "--sglang-version", "0.5.23", env={"MOONCAKE_MASTER": "1.2.3.4:5", "MC_FORCE_TCP": "1"})
     assert ok.exit_code == 0, ok.output
@@ -444,6 +479,7 @@ def test_cli_exit_codes_and_json_shape(tmp_path):
         env={"MOONCAKE_MASTER": "1.2.3.4:5"},
     )
     assert per_rank.exit_code == 1 and "per rank" in per_rank.stdout
+    assert per_rank.stdout.startswith("verdict: not reused"), per_rank.stdout
     one = invoke(
         "--server-args",
         HICACHE + " --tp-size 2",

@@ -4,6 +4,10 @@ against the embedded engine and against a running serve."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -111,6 +115,47 @@ def test_cli_json_lines_and_exit_codes():
     )
     assert result.exit_code == 1
     assert json.loads(result.stdout.splitlines()[-1])["status"] == "FAIL"
+
+
+def test_human_trace_leads_with_its_verdict_and_wraps_at_the_terminal_width():
+    """A real process at 80 columns: line 1 is the answer (where the path stops, or that it
+    completed), then the steps; no line wider than the terminal."""
+    env = {**os.environ, "COLUMNS": "80"}
+    tokens = ",".join(map(str, TOKENS))
+    stops = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hicache_ops.cli",
+            "trace",
+            "read",
+            "--tokens",
+            tokens,
+            "--prefetch-threshold",
+            "64",
+            "--inject",
+            "missing-v",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert stops.returncode == 1, stops.stderr
+    lines = stops.stdout.splitlines()
+    assert re.fullmatch(r"The read path stops at step \d+ \(batch_exists\)\.", lines[0]), stops.stdout
+    assert lines[1].lstrip().startswith("0. scenario"), stops.stdout
+    assert all(len(line) <= 80 for line in lines), stops.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "hicache_ops.cli", "trace", "write", "--tokens", tokens],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "The write path completed: every step's check holds.", done.stdout
+    assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
 
 
 def test_cli_step_mode_waits_for_enter():

@@ -65,11 +65,11 @@ def test_same_keys_stay_warm_and_policy_changes_are_listed(filled_master):
 
 
 def test_namespace_seed_makes_l3_cold_from_0_5_20():
-    report = check_upgrade("0.5.19", "0.5.20").to_json()
+    report = check_upgrade("0.5.19", "0.5.20").result().model_dump(mode="json")
     assert report["cold"] is False  # no extra key: no seed either side
     from hicache_ops.commands.upgrade import UpgradeDeployment
 
-    report = check_upgrade("0.5.19", "0.5.20", UpgradeDeployment(extra_key="tenant")).to_json()
+    report = check_upgrade("0.5.19", "0.5.20", UpgradeDeployment(extra_key="tenant")).result().model_dump(mode="json")
     assert report["cold"] is True
     seed = next(c for c in report["changes"] if c["rule"] == "namespace seed")
     assert seed["from"] is None and seed["to"] and seed["since"] == ["0.5.20"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markdown import Markdown
@@ -20,8 +20,11 @@ from hicache_ops.cli.common.options import (
     TryCacheSaltOption,
     TryExtraKeyOption,
 )
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, print_wrapped, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.playbook import PlaybookRun
 
 app = typer.Typer(
     cls=HicacheGroup,
@@ -69,18 +72,14 @@ _MARK = {
 def list_(json_output: JsonOption = False) -> None:
     """The playbooks and their symptoms."""
     with reporting(json_output):
-        from hicache_ops.commands.playbook import list_playbooks
-
-        data = [
-            {"name": p.name, "title": p.title, "symptom": p.symptom, "checks": len(p.checks)} for p in list_playbooks()
-        ]
+        from hicache_ops.commands.playbook import list_playbooks, summary
 
         def render(rows: list) -> None:
             for row in rows:
-                stdout.print(f"[bold]{row['name']}[/]  {row['title']} ({row['checks']} checks)")
-                stdout.print(f"    {row['symptom']}")
+                print_wrapped(f"[bold]{row.name}[/]  {row.title} ({row.checks} checks)")
+                print_wrapped(row.symptom, 4)
 
-        emit(data, json_output, render)
+        emit([summary(p) for p in list_playbooks()], json_output, render)
 
 
 @app.command(
@@ -94,18 +93,33 @@ def show(
 ) -> None:
     """Print a playbook: its symptom, its checks and the commands they run."""
     with reporting(json_output):
-        from hicache_ops.commands.playbook import load_playbook
+        from hicache_ops.commands.playbook import load_playbook, show_result
 
-        book = load_playbook(name)
-        data = {
-            "name": book.name,
-            "title": book.title,
-            "symptom": book.symptom,
-            "markdown": book.text,
-            "checks": [c.__dict__ for c in book.checks],
-        }
         # Wrapped at the terminal width, never cut: a run line or a diagnosis must stay whole.
-        emit(data, json_output, lambda d: stdout.print(Markdown(d["markdown"]), soft_wrap=False))
+        emit(
+            show_result(load_playbook(name)), json_output, lambda d: stdout.print(Markdown(d.markdown), soft_wrap=False)
+        )
+
+
+def _render_run(run: PlaybookRun) -> None:
+    """The answer first (the diagnosis, or that every check is clear), its evidence and fix, then the checks."""
+    finding = run.finding
+    if run.interrupted:
+        print_wrapped(f"[yellow]interrupted ({run.interrupted}) after {len(run.checks)} check(s); no diagnosis.[/]")
+    elif finding is None:
+        verdict = "every check is clear" if run.status == "pass" else "no finding, but some checks could not run"
+        print_wrapped(f"[bold green]{verdict}.[/]" if run.status == "pass" else f"[yellow]{verdict}.[/]")
+    else:
+        print_wrapped(f"[bold red]diagnosis:[/] {finding.diagnosis}")
+        for path, value in finding.evidence.items():
+            print_wrapped(f"[bold]evidence[/] {escape(path)}: {escape(evidence_text(value))}")
+        print_wrapped(f"[bold green]fix:[/] {finding.fix}")
+    print_wrapped(f"[bold]{run.title}[/]")
+    for outcome in run.checks:
+        note = f"  [dim]{outcome.note}[/]" if outcome.note else ""
+        print_wrapped(f"{_MARK[outcome.status]}  {outcome.title}{note}", 2)
+    if finding is not None:
+        print_wrapped(f"[dim]reproduce: {finding.command}[/]", console=stderr)
 
 
 RUN_EXAMPLES = examples(
@@ -159,35 +173,7 @@ def run(
 
         with interrupt.stop_on_signals(), stderr.status(f"running {total} checks of {book.name}") as progress:
             result = run_playbook(book, values, on_check=on_check)
-        data = result.to_json()
-
-        def render(d: dict) -> None:
-            stdout.print(f"[bold]{d['title']}[/]")
-            finding = d["finding"]
-            if d["interrupted"]:
-                stdout.print(
-                    f"[yellow]interrupted ({d['interrupted']}) after {len(d['checks'])} check(s); no diagnosis.[/]"
-                )
-            elif finding is None:
-                verdict = (
-                    "every check is clear" if d["status"] == "pass" else "no finding, but some checks could not run"
-                )
-                stdout.print(f"[bold green]{verdict}.[/]" if d["status"] == "pass" else f"[yellow]{verdict}.[/]")
-            else:
-                stdout.print(f"[bold red]diagnosis:[/] {finding['diagnosis']}", soft_wrap=False)
-                for path, value in finding["evidence"].items():
-                    stdout.print(f"[bold]evidence[/] {escape(path)}: {escape(evidence_text(value))}", soft_wrap=False)
-                stdout.print(f"[bold green]fix:[/] {finding['fix']}", soft_wrap=False)
-            for outcome in d["checks"]:
-                note = f"  [dim]{outcome['note']}[/]" if outcome["note"] else ""
-                stdout.print(f"  {_MARK[outcome['status']]}  {outcome['title']}{note}", soft_wrap=False)
-            if finding is not None:
-                stderr.print(f"[dim]reproduce: {finding['command']}[/]")
-
-        if json_output:
-            emit(data, True, render)
-        else:
-            render(data)
+        emit(result, json_output, _render_run)
         if result.interrupted:
             raise typer.Exit(interrupt.EXIT_CODE)
         if result.status == "finding":

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import ExtraConfigOption, JsonOption, PpSizeOption, TpSizeOption
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, print_wrapped, reporting, stderr, stdout
 from hicache_ops.commands.tap.plan import launch_plan
 from hicache_ops.sglang.launch import load_extra_config
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.tap.results import TapPlan
 
 EXAMPLES = examples(
     "hicache tap --tp-size 2",
@@ -18,19 +21,24 @@ EXAMPLES = examples(
 )
 
 
-def _render(plan: dict) -> None:
+def _render(plan: TapPlan) -> None:
     stdout.print("[bold]Add to the SGLang launch command:[/]")
     # Plain, unwrapped text: the flags must copy-paste exactly.
-    print(plan["command_line"], flush=True)
-    rec = plan["recording"]
-    if rec["per_rank"]:
-        stdout.print(f"[bold]recording[/] one file per rank: {', '.join(rec['files'])}")
+    print(plan.command_line, flush=True)
+    rec = plan.recording
+    # Paths and commands are never wrapped inside (they are pasted): one to a line.
+    if rec.per_rank:
+        stdout.print("[bold]recording[/] one file per rank:")
+        for name in rec.files:
+            print(f"  {name}", flush=True)
     else:
-        stdout.print(f"[bold]recording[/] {rec['path']}")
-    stdout.print(f"[bold]kept from your extra-config[/] {', '.join(plan['kept_keys']) or '(nothing given)'}")
-    stdout.print(f"[bold]then[/] {plan['show']}")
-    for note in plan["notes"]:
-        stderr.print(f"[yellow]note:[/] {note}")
+        stdout.print("[bold]recording[/]", end=" ")
+        print(rec.path, flush=True)
+    print_wrapped(f"[bold]kept from your extra-config[/] {', '.join(plan.kept_keys) or '(nothing given)'}")
+    stdout.print("[bold]then[/]", end=" ")
+    print(plan.show, flush=True)
+    for note in plan.notes:
+        print_wrapped(f"[yellow]note:[/] {note}", console=stderr)
 
 
 def tap(

@@ -27,7 +27,7 @@ from hicache_ops.cli.common.options import (
     TimeoutOption,
     TpSizeOption,
 )
-from hicache_ops.cli.common.output import emit, reporting, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stdout
 
 app = typer.Typer(
     cls=HicacheGroup,
@@ -117,4 +117,4 @@ def check(
 
         dep = UpgradeDeployment.of(deployment_settings(ctx), extra_key=extra_key, cache_salt=cache_salt)
         report = check_upgrade(source, target, dep, master=master, timeout=timeout)
-        emit(report.to_json(), json_output, _render)
+        emit(report.result(), json_output, lambda result: _render(json_data(result)))

@@ -26,6 +26,7 @@ values of the listed paths) and the fix. Conditions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -38,9 +39,13 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.errors import InputError, SettingError
+from hicache_ops.results import Result
 from hicache_ops.sglang.launch import parse_server_args
 from hicache_ops.sglang.versions import default_version
 
@@ -210,38 +215,80 @@ def holds(condition: str, data: object) -> bool:
 # -------------------------------------------------------------------------------------------
 
 
-@dataclass
-class CheckOutcome:
-    title: str
-    status: str  # finding | clear | skipped | error
-    command: str
-    exit: int | None = None
-    note: str = ""
+class PlaybookSummary(Result):
+    """One row of `hicache playbook list --json` (a list of them)."""
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
+    name: str = Field(description="the playbook's name (`hicache playbook run NAME`)")
+    title: str = Field(description="its title")
+    symptom: str = Field(description="the symptom it diagnoses")
+    checks: int = Field(description="how many checks it runs")
 
 
-@dataclass
-class PlaybookRun:
-    name: str
-    title: str
-    symptom: str
-    status: str  # finding | pass | incomplete
-    checks: list[CheckOutcome] = field(default_factory=list)
-    finding: dict | None = None
-    interrupted: str | None = None  # the signal that stopped it, if one did
+class CheckSpec(Result):
+    title: str = Field(description="the check's title")
+    run: str = Field(description="the `hicache` command it runs, with {placeholders}")
+    when: list[str] = Field(description="conditions on the command's JSON; any that holds is a finding")
+    diagnosis: str = Field(description="what a finding means")
+    fix: str = Field(description="what to do about it")
+    evidence: list[str] = Field(description="JSON paths quoted as evidence with a finding")
 
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "symptom": self.symptom,
-            "status": self.status,
-            "finding": self.finding,
-            "interrupted": self.interrupted,
-            "checks": [c.to_json() for c in self.checks],
-        }
+
+class PlaybookShowResult(Result):
+    """`hicache playbook show --json`."""
+
+    name: str = Field(description="the playbook's name")
+    title: str = Field(description="its title")
+    symptom: str = Field(description="the symptom it diagnoses")
+    markdown: str = Field(description="the playbook page itself")
+    checks: list[CheckSpec] = Field(description="its checks, in order")
+
+
+class CheckOutcome(Result):
+    title: str = Field(description="the check's title")
+    status: Literal["finding", "clear", "skipped", "error"] = Field(
+        description="finding: its condition holds; clear: it does not; skipped: a placeholder has no value; "
+        "error: the command could not run"
+    )
+    command: str = Field(description="the command run, placeholders filled")
+    exit: int | None = Field(None, description="the command's exit code (`null` when skipped)")
+    note: str = Field("", description="why it was skipped, or the command's error")
+
+
+class Finding(Result):
+    check: str = Field(description="the check that found it")
+    diagnosis: str = Field(description="what it means")
+    evidence: dict[str, Any] = Field(description="JSON path -> the value the command reported")
+    fix: str = Field(description="what to do about it")
+    command: str = Field(description="the command that shows it again")
+
+
+class PlaybookRun(Result):
+    """`hicache playbook run --json`."""
+
+    name: str = Field(description="the playbook's name")
+    title: str = Field(description="its title")
+    symptom: str = Field(description="the symptom it diagnoses")
+    status: Literal["finding", "pass", "incomplete"] = Field(
+        description="finding: a check found the cause; pass: every check clear; incomplete: a check could not run "
+        "or the run was stopped"
+    )
+    finding: Finding | None = Field(None, description="the first finding, `null` when none")
+    interrupted: str | None = Field(None, description="the signal that stopped the run, `null` when it finished")
+    checks: list[CheckOutcome] = Field(default_factory=list, description="every check run, in order")
+
+
+def summary(book: Playbook) -> PlaybookSummary:
+    return PlaybookSummary(name=book.name, title=book.title, symptom=book.symptom, checks=len(book.checks))
+
+
+def show_result(book: Playbook) -> PlaybookShowResult:
+    return PlaybookShowResult(
+        name=book.name,
+        title=book.title,
+        symptom=book.symptom,
+        markdown=book.text,
+        checks=[CheckSpec(**dataclasses.asdict(c)) for c in book.checks],
+    )
 
 
 def _hicache_argv() -> list[str]:
@@ -384,7 +431,7 @@ def run_playbook(
             f"playbook {playbook.name}: no check can run without {', '.join(wanted)}.",
             hint=f"See `hicache playbook show {playbook.name}`.",
         )
-    run = PlaybookRun(playbook.name, playbook.title, playbook.symptom, "pass")
+    run = PlaybookRun(name=playbook.name, title=playbook.title, symptom=playbook.symptom, status="pass")
     cache: dict[str, tuple[int, object]] = {}
     for check, missing in zip(playbook.checks, needs, strict=True):
         if interrupt.requested():
@@ -393,7 +440,9 @@ def run_playbook(
             return run
         command = check.run
         if missing:
-            outcome = CheckOutcome(check.title, "skipped", command, note=f"needs {', '.join(missing)}")
+            outcome = CheckOutcome(
+                title=check.title, status="skipped", command=command, note=f"needs {', '.join(missing)}"
+            )
             run.checks.append(outcome)
             run.status = "incomplete" if run.status == "pass" else run.status
             if on_check:
@@ -417,26 +466,22 @@ def run_playbook(
         if any(holds(cond, data) for cond in check.when):
             evidence = {path: resolve_path(data, path) for path in check.evidence}
             evidence = {k: (None if v is _MISSING else v) for k, v in evidence.items()}
-            outcome = CheckOutcome(check.title, "finding", command, code)
+            outcome = CheckOutcome(title=check.title, status="finding", command=command, exit=code)
             run.checks.append(outcome)
             run.status = "finding"
-            run.finding = {
-                "check": check.title,
-                "diagnosis": check.diagnosis,
-                "evidence": evidence,
-                "fix": check.fix,
-                "command": command,
-            }
+            run.finding = Finding(
+                check=check.title, diagnosis=check.diagnosis, evidence=evidence, fix=check.fix, command=command
+            )
             if on_check:
                 on_check(outcome)
             return run
         note = ""
         if code not in (0, 1) and isinstance(data, dict) and isinstance(data.get("error"), dict):
             note = data["error"].get("message") or ""
-            outcome = CheckOutcome(check.title, "error", command, code, note)
+            outcome = CheckOutcome(title=check.title, status="error", command=command, exit=code, note=note)
             run.status = "incomplete"
         else:
-            outcome = CheckOutcome(check.title, "clear", command, code)
+            outcome = CheckOutcome(title=check.title, status="clear", command=command, exit=code)
         run.checks.append(outcome)
         if on_check:
             on_check(outcome)

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from pydantic import ConfigDict, Field
+
+from hicache_ops.results import Result
 from hicache_ops.sglang import policy
 from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.page_keys import (
@@ -217,20 +221,57 @@ class UpgradeReport:
     verdict: str = ""
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
-        return {
-            "from": self.source.to_dict(),
-            "to": self.target.to_dict(),
-            "cold": self.cold,
-            "old_prefix": self.old_prefix,
-            "new_prefix": self.new_prefix,
-            "master": self.master,
-            "objects_under_old_prefix": self.objects_under_old_prefix,
-            "verdict": self.verdict,
-            "changes": self.changes,
-            "unchanged": self.unchanged,
-            "notes": self.notes,
-        }
+    def result(self) -> UpgradeResult:
+        return UpgradeResult(
+            from_=ReleaseRules(**self.source.to_dict()),
+            to=ReleaseRules(**self.target.to_dict()),
+            cold=self.cold,
+            old_prefix=self.old_prefix,
+            new_prefix=self.new_prefix,
+            master=self.master,
+            objects_under_old_prefix=self.objects_under_old_prefix,
+            verdict=self.verdict,
+            changes=[UpgradeChange.model_validate(c) for c in self.changes],
+            unchanged=self.unchanged,
+            notes=self.notes,
+        )
+
+
+class ReleaseRules(Result):
+    version: str = Field(description="the release whose rules apply")
+    requested: str | None = Field(description="the release asked for")
+    reason: str = Field(description="the option that asked for it")
+    notes: list[str] = Field(description="why other rules apply than the release asked for (unknown, newer)")
+
+
+class UpgradeChange(Result):
+    model_config = ConfigDict(serialize_by_alias=True, validate_by_name=True)
+
+    rule: str = Field(description="what changes (`key prefix`, `namespace seed`, `prefetch limit`, ...)")
+    from_: Any = Field(alias="from", description="its value under the old release")
+    to: Any = Field(description="its value under the new release")
+    since: list[str] = Field(description="the releases between them that change it")
+    sglang_file: str = Field(description="the SGLang file the rule comes from")
+
+
+class UpgradeResult(Result):
+    """`hicache upgrade check --json`."""
+
+    model_config = ConfigDict(serialize_by_alias=True, validate_by_name=True)
+
+    from_: ReleaseRules = Field(alias="from", description="the release upgraded from")
+    to: ReleaseRules = Field(description="the release upgraded to")
+    cold: bool = Field(description="the new release reads none of the old release's objects (prefix or seed changes)")
+    old_prefix: str = Field(description="the object key prefix the old release writes")
+    new_prefix: str = Field(description="the one the new release reads")
+    master: str | None = Field(description="with --master: the admin address asked")
+    objects_under_old_prefix: int | None = Field(
+        description="with --master: objects under the old prefix (never read again when cold)"
+    )
+    verdict: str = Field(description="the answer in one sentence")
+    changes: list[UpgradeChange] = Field(description="every rule whose value changes for this deployment")
+    unchanged: list[str] = Field(description="the rules that stay as they are")
+    notes: list[str] = Field(description="plain-language remarks (a downgrade, unknown releases)")
 
 
 def count_prefix_objects(master: str, prefix: str, timeout: float) -> int:

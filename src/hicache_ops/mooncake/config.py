@@ -131,30 +131,6 @@ class StoreConfig:
         host, _ = parse_host_port(self.master_server_address, what="master_server_address")
         return f"{host}:{self.master_metrics_port}"
 
-    def to_json(self) -> dict:
-        return {
-            "sglang_version": self.sglang_version,
-            "origin": self.origin,
-            "config_path": self.config_path,
-            "local_hostname": self.local_hostname,
-            "metadata_server": self.metadata_server,
-            "global_segment_size": self.global_segment_size,
-            "protocol": self.protocol,
-            "device_name": self.device_name,
-            "master_server_address": self.master_server_address,
-            "master_metrics_port": self.master_metrics_port,
-            "check_server": self.check_server,
-            "standalone_storage": self.standalone_storage,
-            "client_server_address": self.client_server_address,
-            "enable_ssd_offload": self.enable_ssd_offload,
-            "ssd_offload_path": self.ssd_offload_path,
-            "tenant_id": self.tenant_id,
-            "extra_backend_tag": self.extra_backend_tag,
-            "enable_group_semantics": self.enable_group_semantics,
-            "sources": dict(self.sources),
-            "warnings": list(self.warnings),
-        }
-
 
 def parse_segment_size(value: object, *, where: str = "global_segment_size") -> int:
     """SGLang's global_segment_size: an int, a decimal string, or "<int>gb" (GiB); nothing else."""

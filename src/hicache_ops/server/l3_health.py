@@ -19,8 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from pydantic import Field
+
 from hicache_ops.errors import UnreachableError
 from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.results import Result
 
 log = logging.getLogger("hicache.serve")
 
@@ -124,14 +127,26 @@ class L3Health:
     def down(self) -> bool:
         return self.state == DOWN
 
-    def to_json(self) -> dict:
+    def view(self) -> L3HealthView:
         with self._lock:
-            return {
-                "state": self.state,
-                "reason": self.reason or None,
-                "since": self.since,
-                "errors": self.errors,
-                "last_error": self.last_error,
-                "failed_probes": self.failed_probes,
-                "master_address": self.metrics_address,
-            }
+            return L3HealthView(
+                state=self.state,
+                reason=self.reason or None,
+                since=self.since,
+                errors=self.errors,
+                last_error=self.last_error,
+                failed_probes=self.failed_probes,
+                master_address=self.metrics_address,
+            )
+
+
+class L3HealthView(Result):
+    """The L3 tier's health as the serve reports it (`/health`, `/v1/stats`)."""
+
+    state: str = Field(description="`up` or `down`")
+    reason: str | None = Field(description="why it is down, `null` when up")
+    since: float = Field(description="when the state began (Unix time)")
+    errors: int = Field(description="L3 errors recorded since start")
+    last_error: str | None = Field(description="the last of them, `null` when none")
+    failed_probes: int = Field(description="consecutive failed probes of the master")
+    master_address: str = Field(description="the master's admin address probed")

@@ -215,7 +215,9 @@ class Runtime:
     def l3_state(self) -> dict:
         if self.l3_health is None:
             return {"state": "none" if self.l3.kind == "none" else "stopped"}
-        return self.l3_health.to_json()
+        from hicache_ops.results import json_data
+
+        return json_data(self.l3_health.view())
 
     def l3_recovery(self) -> str | None:
         """What brings a down L3 back, for /health (docs/serve-api.md#when-l3-is-down); None while up.
@@ -265,7 +267,7 @@ class Runtime:
         cache = self.cache
         host = self.spec.host_layout(mooncake=self.store is not None)
         return {
-            "geometry": self.spec.geometry.to_json(),
+            "geometry": self.spec.geometry.view().model_dump(mode="json"),
             "page_size": self.spec.page_size,
             "tp_size": self.spec.tp_size,
             "dcp_size": self.spec.dcp_size,
@@ -290,7 +292,7 @@ class Runtime:
             "key_prefix": self.spec.schemes()[0].prefix,
             "side_pools": [
                 {
-                    **pool.to_json(
+                    **pool.view(
                         list(
                             dict.fromkeys(
                                 s
@@ -298,7 +300,7 @@ class Runtime:
                                 for s in self.spec.side_pool_suffixes(scheme)[pool.name]
                             )
                         )
-                    ),
+                    ).model_dump(mode="json"),
                     "spec": pool.to_text(),
                 }
                 for pool in self.spec.side_pools
@@ -370,7 +372,9 @@ class Runtime:
             )
             read = observe_read if observe else trace_read
             run.steps = read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
-        return run.to_json()
+        from hicache_ops.results import json_data
+
+        return json_data(run.result())
 
     def metrics_text(self) -> str:
         from hicache_ops.server.metrics import render_metrics

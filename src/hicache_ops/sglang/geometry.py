@@ -15,6 +15,8 @@ from hicache_ops.errors import InputError, SettingError
 if TYPE_CHECKING:
     import torch
 
+    from hicache_ops.sglang.views import GeometryView
+
 # dtype name -> (bytes per element, dtype the buffers are stored in). SGLang stores fp8 KV as
 # uint8 because index_put is not implemented for the float8 types.
 DTYPES: dict[str, tuple[int, str]] = {
@@ -181,24 +183,23 @@ class ModelGeometry:
     def with_dtype(self, dtype: str) -> ModelGeometry:
         return replace(self, dtype=dtype)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "attention": "mla" if self.mla else "mha",
-            "layers": self.layers,
-            "dtype": self.dtype,
-            "stored_dtype": self.stored_dtype,
-            "itemsize": self.itemsize,
-        }
-        if self.mla:
-            out.update(
-                kv_lora_rank=self.kv_lora_rank,
-                qk_rope_head_dim=self.qk_rope_head_dim,
-                kv_cache_dim=self.kv_cache_dim,
-            )
-        else:
-            out.update(kv_heads=self.kv_heads, head_dim=self.head_dim)
-        return out
+    def view(self) -> GeometryView:
+        from hicache_ops.sglang.views import GeometryView
+
+        mla = self.mla
+        return GeometryView(
+            name=self.name,
+            attention="mla" if mla else "mha",
+            layers=self.layers,
+            dtype=self.dtype,
+            stored_dtype=self.stored_dtype,
+            itemsize=self.itemsize,
+            kv_lora_rank=self.kv_lora_rank if mla else None,
+            qk_rope_head_dim=self.qk_rope_head_dim if mla else None,
+            kv_cache_dim=self.kv_cache_dim if mla else None,
+            kv_heads=None if mla else self.kv_heads,
+            head_dim=None if mla else self.head_dim,
+        )
 
 
 def _preset_mha(name: str, layers: int, kv_heads: int, head_dim: int) -> ModelGeometry:

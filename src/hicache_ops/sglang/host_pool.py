@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry, positive_int
@@ -36,6 +36,9 @@ _LABELS = {
     KV: "2", LAYERS: "L", SIZE: "size", PAGE_NUM: "page_num", PAGE_SIZE: "ps", HEADS_PER_RANK: "H", HEAD_DIM: "D"
 }  # fmt: skip
 _MLA_LABELS = {**_LABELS, HEADS_PER_RANK: "1", HEAD_DIM: "C"}
+
+if TYPE_CHECKING:
+    from hicache_ops.sglang.views import BufferView, DevicePoolView, HostPoolView, PageMetaView, PageObjectView
 
 
 def _order(dims: tuple[str, ...], target: tuple[str, ...]) -> tuple[int, ...]:
@@ -153,16 +156,16 @@ class BufferSpec:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.itemsize
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-            "nbytes": self.nbytes,
-        }
-        if self.parts:
-            out["parts"] = [{"name": n, "offset": o, "nbytes": b} for n, o, b in self.parts]
-        return out
+    def view(self) -> BufferView:
+        from hicache_ops.sglang.views import BufferPart, BufferView
+
+        return BufferView(
+            name=self.name,
+            shape=list(self.shape),
+            dtype=self.dtype,
+            nbytes=self.nbytes,
+            parts=[BufferPart(name=n, offset=o, nbytes=b) for n, o, b in self.parts] if self.parts else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -182,14 +185,18 @@ class PageObject:
     heads: tuple[int, int] | None = None
     split: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"buffer": self.buffer, "offset": self.offset, "size": self.size, "part": self.part}
-        if self.layer is not None:
-            out["layer"] = self.layer
-        if self.heads is not None:
-            out["heads"] = list(self.heads)
-            out["split"] = self.split
-        return out
+    def view(self) -> PageObjectView:
+        from hicache_ops.sglang.views import PageObjectView
+
+        return PageObjectView(
+            buffer=self.buffer,
+            offset=self.offset,
+            size=self.size,
+            part=self.part,
+            layer=self.layer,
+            heads=list(self.heads) if self.heads is not None else None,
+            split=self.split,
+        )
 
 
 @dataclass(frozen=True)
@@ -197,8 +204,10 @@ class PageMeta:
     index: int
     objects: tuple[PageObject, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "objects": [o.to_json() for o in self.objects]}
+    def view(self) -> PageMetaView:
+        from hicache_ops.sglang.views import PageMetaView
+
+        return PageMetaView(index=self.index, objects=[o.view() for o in self.objects])
 
 
 @dataclass(frozen=True)
@@ -494,29 +503,31 @@ class HostPoolLayout:
             out.append("tp-lcm-size only splits heads for MHA with the page_head layout; it changes nothing here.")
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sglang_version": self.sglang_version,
-            "geometry": self.geometry.to_json(),
-            "layout": self.layout,
-            "page_size": self.page_size,
-            "tp_size": self.tp_size,
-            "tp_lcm_size": self.tp_lcm_size,
-            "heads_per_rank": self.heads_per_rank,
-            "device_tokens": self.device_tokens,
-            "hicache_ratio": self.hicache_ratio,
-            "hicache_size_gb": self.hicache_size_gb,
-            "bytes_per_token": self.bytes_per_token,
-            "bytes_per_page": self.bytes_per_page,
-            "size_tokens": self.size,
-            "page_num": self.page_num,
-            "host_bytes": self.host_bytes,
-            "buffers": [b.to_json() for b in self.buffers],
-            "split_factor": self.split_factor,
-            "objects_per_page": self.objects_per_page,
-            "mooncake_objects_per_page": self.mooncake_objects_per_page,
-            "mooncake_zero_copy": self.mooncake_zero_copy,
-        }
+    def view(self) -> HostPoolView:
+        from hicache_ops.sglang.views import HostPoolView
+
+        return HostPoolView(
+            sglang_version=self.sglang_version,
+            geometry=self.geometry.view(),
+            layout=self.layout,
+            page_size=self.page_size,
+            tp_size=self.tp_size,
+            tp_lcm_size=self.tp_lcm_size,
+            heads_per_rank=self.heads_per_rank,
+            device_tokens=self.device_tokens,
+            hicache_ratio=self.hicache_ratio,
+            hicache_size_gb=self.hicache_size_gb,
+            bytes_per_token=self.bytes_per_token,
+            bytes_per_page=self.bytes_per_page,
+            size_tokens=self.size,
+            page_num=self.page_num,
+            host_bytes=self.host_bytes,
+            buffers=[b.view() for b in self.buffers],
+            split_factor=self.split_factor,
+            objects_per_page=self.objects_per_page,
+            mooncake_objects_per_page=self.mooncake_objects_per_page,
+            mooncake_zero_copy=self.mooncake_zero_copy,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -569,11 +580,13 @@ class DevicePoolLayout:
     def nbytes(self) -> int:
         return self.slots * self.geometry.bytes_per_token(self.tp_size)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "slots": self.slots,
-            "k_shape": list(self.k_shape),
-            "v_shape": list(self.v_shape) if self.v_shape else None,
-            "dtype": self.geometry.stored_dtype,
-            "nbytes": self.nbytes,
-        }
+    def view(self) -> DevicePoolView:
+        from hicache_ops.sglang.views import DevicePoolView
+
+        return DevicePoolView(
+            slots=self.slots,
+            k_shape=list(self.k_shape),
+            v_shape=list(self.v_shape) if self.v_shape else None,
+            dtype=self.geometry.stored_dtype,
+            nbytes=self.nbytes,
+        )

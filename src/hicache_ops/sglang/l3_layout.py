@@ -12,12 +12,15 @@ says why; the pools then come from the flags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme
 from hicache_ops.sglang.side_pool_specs import ALL_PAGES, SIDE_POOLS, TRAILING_PAGES, PoolSpec, pool_suffixes
 from hicache_ops.sglang.versions import V0_5_23, family
+
+if TYPE_CHECKING:
+    from hicache_ops.sglang.views import L3LayoutView
 
 # Hit policies Mooncake's batch_exists_v2 evaluates; block_groups makes it raise.
 _LOOKUP_POLICIES = (ALL_PAGES, TRAILING_PAGES)
@@ -46,18 +49,21 @@ class L3Layout:
     def stages(self) -> list[int]:
         return [pp for pp, _ in self.kv_suffixes] or sorted({pp for p in self.side_pools for pp, _ in p.served or ()})
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "enabled": self.enabled,
-            "reason": self.reason,
-            "backend": self.backend,
-            "page_size": self.page_size,
-            "key_prefix": self.key_prefix,
-            "is_mla_backend": self.is_mla,
-            "pp_size": self.pp_size,
-            "kv_suffixes": flat_suffixes(self.kv_suffixes),
-            "pools": [spec.to_json(flat_suffixes(spec.served or ())) for spec in self.side_pools],
-        }
+    def view(self, rule_disagreements: list[dict[str, Any]] | None = None) -> L3LayoutView:
+        from hicache_ops.sglang.views import L3LayoutView
+
+        return L3LayoutView(
+            enabled=self.enabled,
+            reason=self.reason,
+            backend=self.backend,
+            page_size=self.page_size,
+            key_prefix=self.key_prefix,
+            is_mla_backend=self.is_mla,
+            pp_size=self.pp_size,
+            kv_suffixes=flat_suffixes(self.kv_suffixes),
+            pools=[spec.view(flat_suffixes(spec.served or ())) for spec in self.side_pools],
+            rule_disagreements=rule_disagreements,
+        )
 
 
 def flat_suffixes(stages: Stages) -> list[str]:
@@ -224,10 +230,10 @@ class PoolChoice:
     def source_text(self) -> str:
         return SOURCE_TEXT[self.source]
 
-    def to_json(self) -> dict[str, Any]:
-        layout = (
-            None if self.layout is None else {**self.layout.to_json(), "rule_disagreements": self.rule_disagreements}
-        )
+    def result_fields(self) -> dict[str, Any]:
+        """The fields --sglang-url's pool choice adds to a command's result: where the pools came
+        from, the server's layout (with our key rule's disagreements) and the flags that differ."""
+        layout = None if self.layout is None else self.layout.view(self.rule_disagreements)
         return {"pool_source": self.source, "l3_layout": layout, "pool_disagreements": self.pool_disagreements}
 
 

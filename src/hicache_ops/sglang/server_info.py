@@ -25,6 +25,8 @@ L3_LAYOUT_SINCE = "0.5.23"
 if TYPE_CHECKING:
     import httpx
 
+    from hicache_ops.sglang.views import SglangServerView
+
 # docs/server-info.md#routes: prefer the current route; the alias exists in both versions.
 INFO_ROUTES = ("/server_info", "/get_server_info")
 L3_LAYOUT_ROUTE = "/get_hicache_l3_cache_layout"
@@ -168,14 +170,16 @@ class Resolution:
     values: dict[str, Any]
     disagreements: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "url": self.server.url,
-            "version": self.server.version,
-            "route": self.server.route,
-            "values": self.server.values(),
-            "notes": list(self.server.notes),
-        }
+    def view(self) -> SglangServerView:
+        from hicache_ops.sglang.views import SglangServerView
+
+        return SglangServerView(
+            url=self.server.url,
+            version=self.server.version,
+            route=self.server.route,
+            values=self.server.values(),
+            notes=list(self.server.notes),
+        )
 
 
 def _unknown_version(info: ServerInfo) -> InputError:

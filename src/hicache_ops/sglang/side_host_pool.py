@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry, positive_int
@@ -61,6 +61,9 @@ _ALL_LAYOUT_OPTIONS = (
     "temporal_dtype",
 )
 
+if TYPE_CHECKING:
+    from hicache_ops.sglang.views import SideHostPoolView, SideObjectView, SidePageMetaView
+
 
 @dataclass(frozen=True)
 class SideObject:
@@ -69,8 +72,10 @@ class SideObject:
     suffix: str
     range: PageObject
 
-    def to_json(self) -> dict[str, Any]:
-        return {"suffix": self.suffix, **self.range.to_json()}
+    def view(self) -> SideObjectView:
+        from hicache_ops.sglang.views import SideObjectView
+
+        return SideObjectView(suffix=self.suffix, **dict(self.range.view()))
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,10 @@ class SidePageMeta:
     index: int
     objects: tuple[SideObject, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "objects": [o.to_json() for o in self.objects]}
+    def view(self) -> SidePageMetaView:
+        from hicache_ops.sglang.views import SidePageMetaView
+
+        return SidePageMetaView(index=self.index, objects=[o.view() for o in self.objects])
 
 
 @dataclass(frozen=True)
@@ -132,26 +139,28 @@ class SideHostPool:
     def objects_per_page(self) -> int:
         return len(self.page_objects(0)) if self.zero_copy else 0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "sglang_class": self.sglang_class,
-            "layout": self.layout,
-            "page_size": self.page_size,
-            "size_slots": self.size,
-            "page_num": self.page_num,
-            "device_slots": self.device_slots,
-            "bytes_per_slot": self.bytes_per_slot,
-            "bytes_per_page": self.bytes_per_page,
-            "host_bytes": self.host_bytes,
-            "shapes": self.shapes,
-            "buffers": [b.to_json() for b in self.buffers],
-            "suffixes": list(self.suffixes),
-            "zero_copy": self.zero_copy,
-            "objects_per_page": self.objects_per_page,
-            "notes": list(self.notes),
-            "warnings": list(self.warnings),
-        }
+    def view(self) -> SideHostPoolView:
+        from hicache_ops.sglang.views import SideHostPoolView
+
+        return SideHostPoolView(
+            name=self.name,
+            sglang_class=self.sglang_class,
+            layout=self.layout,
+            page_size=self.page_size,
+            size_slots=self.size,
+            page_num=self.page_num,
+            device_slots=self.device_slots,
+            bytes_per_slot=self.bytes_per_slot,
+            bytes_per_page=self.bytes_per_page,
+            host_bytes=self.host_bytes,
+            shapes=self.shapes,
+            buffers=[b.view() for b in self.buffers],
+            suffixes=list(self.suffixes),
+            zero_copy=self.zero_copy,
+            objects_per_page=self.objects_per_page,
+            notes=list(self.notes),
+            warnings=list(self.warnings),
+        )
 
 
 def _check_options(spec: PoolSpec) -> None:

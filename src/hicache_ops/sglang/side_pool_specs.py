@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.errors import InputError, SettingError
 from hicache_ops.sglang.page_keys import ObjectKeyScheme
 from hicache_ops.sglang.versions import V0_5_14, V0_5_23, family
+
+if TYPE_CHECKING:
+    from hicache_ops.sglang.views import SidePoolView
 
 _DEEPSEEK_V4_BOTH = (
     "deepseek_v4_c4",
@@ -123,13 +126,13 @@ class PoolSpec:
             options.append(f"window={self.window}")
         return self.name + (":" + ",".join(options) if options else "")
 
-    def to_json(self, suffixes: list[str]) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "suffixes": suffixes,
-            "hit_policy": self.hit_policy,
-            "trailing_pages": self.trailing_pages,
-        }
+    def view(self, suffixes: list[str]) -> SidePoolView:
+        """The pool as JSON, with its suffixes over the ranks a command selected."""
+        from hicache_ops.sglang.views import SidePoolView
+
+        return SidePoolView(
+            name=self.name, suffixes=suffixes, hit_policy=self.hit_policy, trailing_pages=self.trailing_pages
+        )
 
 
 # Mamba state dtypes SGLang accepts (mamba_ssm_dtype / SGLANG_MAMBA_CONV_DTYPE).

@@ -61,11 +61,11 @@ def print_json(data: Any) -> None:
 
 
 def json_data(result: Any) -> Any:
-    """The one JSON rendering of a command's result: a result model (hicache_ops/results.py) gives its
-    fields in declaration order; a plain dict or list (a command not yet typed) passes through."""
-    if hasattr(result, "model_dump"):
-        return result.model_dump(mode="json")
-    return result
+    """The one JSON rendering of a command's result (hicache_ops.results.json_data), loaded with the
+    command that prints it, not with `hicache --help`."""
+    from hicache_ops.results import json_data as render
+
+    return render(result)
 
 
 def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
@@ -77,6 +77,16 @@ def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
         print_json(_merged(data, extras) if extras and isinstance(data, dict) else data)
     else:
         render(result)
+
+
+def print_wrapped(text: str, indent: int = 0, console: Console | None = None) -> None:
+    """Print one line of prose (Rich markup allowed) wrapped to the terminal's width, every
+    wrapped line indented by `indent` spaces, with no trailing padding."""
+    console = console or stdout
+    rendered = console.render_str(text)
+    for line in rendered.wrap(console, max(console.width - indent, 20)):
+        line.rstrip()
+        console.print(" " * indent, line, sep="", soft_wrap=True)
 
 
 # Human output shows this many rows of detail after its verdict; --all shows every row.

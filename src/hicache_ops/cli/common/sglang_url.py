@@ -20,7 +20,7 @@ import typer
 
 from hicache_ops.cli.common.deployment import PROVENANCE
 from hicache_ops.cli.common.options import INPUT, TimeoutOption
-from hicache_ops.cli.common.output import JSON_EXTRAS, reporting, stderr
+from hicache_ops.cli.common.output import JSON_EXTRAS, json_data, reporting, stderr
 
 SglangUrlOption = Annotated[
     str | None,
@@ -197,7 +197,7 @@ def sglang_url_option(*fields: str) -> Callable:
                     kwargs[SERVER_PARAM] = resolution.server
             _report(ctx, resolution, applied)
             provenance = {
-                "sglang_server": resolution.to_json(),
+                "sglang_server": json_data(resolution.view()),
                 "server_disagreements": resolution.disagreements,
                 **_rules_from_server(resolution, given),
             }

@@ -33,7 +33,7 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
 from hicache_ops.commands.inspect.layout import LayoutReport, inspect_layout, parse_pages
 from hicache_ops.sglang.geometry import resolve_geometry
@@ -57,7 +57,7 @@ def _shape(shape) -> str:
 
 
 def _render(report: LayoutReport) -> None:
-    data = report.to_json()
+    data = json_data(report.result())
     pool = report.pool
     geo = pool.geometry
     if geo.mla:
@@ -303,4 +303,4 @@ def layout(
             sglang_version=version,
             pools=pools,
         )
-        emit(report.to_json(), json_output, lambda _: _render(report))
+        emit(report.result(), json_output, lambda _: _render(report))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,8 +18,11 @@ from hicache_ops.cli.common.options import (
     TimeoutOption,
     TpRankOption,
 )
-from hicache_ops.cli.common.output import emit, native_stderr_to_file, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, native_stderr_to_file, print_wrapped, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import sglang_url_option
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.te.report import TeCheckResult
 
 EXAMPLES = examples(
     "hicache te check --server-args '--enable-hierarchical-cache --hicache-storage-backend mooncake' "
@@ -53,47 +56,54 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _render(data: dict) -> None:
+def _render(result: TeCheckResult) -> None:
+    """The verdict first (one line: the answer), then the conditions, ranks, fix and live test."""
     from rich.table import Table
 
-    stdout.print(f"[bold]Shared Transfer Engine reuse[/] (SGLang {data['sglang_version']})")
-    for cond in data["conditions"]:
-        mark = "[green]ok[/]" if cond["ok"] else "[red]NO[/]"
-        stdout.print(
-            f"  {mark}  [bold]{cond['name']}[/]  actual {_cell(cond['actual'])}  expected {_cell(cond['expected'])}",
+    wrapped = print_wrapped
+
+    if result.eligible:
+        wrapped(
+            f"[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake "
+            f"(SGLang {result.sglang_version})."
         )
-        stdout.print(f"        [dim]why:[/] {cond['why']}")
-    ranks = data["ranks"]
-    if len(ranks) > 1 and len({(_cell(r["store_device_name"]), _cell(r["engine_ib_device"])) for r in ranks}) > 1:
+    else:
+        wrapped(
+            f"[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own "
+            f"(SGLang {result.sglang_version})."
+        )
+    stdout.print("[bold]Shared Transfer Engine reuse[/]")
+    for cond in result.conditions:
+        mark = "[green]ok[/]" if cond.ok else "[red]NO[/]"
+        wrapped(f"{mark}  [bold]{cond.name}[/]  actual {_cell(cond.actual)}  expected {_cell(cond.expected)}", 2)
+        wrapped(f"[dim]why:[/] {cond.why}", 8)
+    ranks = result.ranks
+    if len(ranks) > 1 and len({(_cell(r.store_device_name), _cell(r.engine_ib_device)) for r in ranks}) > 1:
         per = Table(title="per rank", show_lines=False)
         for column in ("rank", "store tp rank", "GPU", "store device_name", "engine ib device", "reused"):
-            per.add_column(column)
+            per.add_column(column, overflow="fold")
         for r in ranks:
             per.add_row(
-                r["rank"],
-                str(r["store_tp_rank"]),
-                str(r["gpu_id"]),
-                _cell(r["store_device_name"]),
-                _cell(r["engine_ib_device"]),
-                "[green]yes[/]" if r["eligible"] else "[red]no[/]",
+                r.rank,
+                str(r.store_tp_rank),
+                str(r.gpu_id),
+                _cell(r.store_device_name),
+                _cell(r.engine_ib_device),
+                "[green]yes[/]" if r.eligible else "[red]no[/]",
             )
         stdout.print(per)
-    if data["eligible"]:
-        stdout.print("[bold green]verdict: reused[/] - every rank's store passes the shared engine to Mooncake.")
-    else:
-        stdout.print("[bold red]verdict: not reused[/] - each rank's store starts a Transfer Engine of its own.")
-    fix = data["fix"]
+    fix = result.fix
     if fix:
-        stdout.print(f"[bold]fix[/] ({'verified' if fix['verified'] else 'NOT verified'}):")
-        for change in fix["changes"]:
-            stdout.print(f"  - {change['text']}")
-        if fix["alternative"]:
-            stdout.print(f"  [dim]or:[/] {fix['alternative']}")
-        stdout.print(f"[bold]does it matter?[/] {fix['matters']}")
-    live = data.get("live")
+        stdout.print(f"[bold]fix[/] ({'verified' if fix.verified else 'NOT verified'}):")
+        for change in fix.changes:
+            wrapped(f"- {change.text}", 2)
+        if fix.alternative:
+            wrapped(f"[dim]or:[/] {fix.alternative}", 2)
+        wrapped(f"[bold]does it matter?[/] {fix.matters}")
+    live = result.live
     if live:
         state = "[green]transfer ok[/]" if live["ok"] else "[red]transfer FAILED[/]"
-        stdout.print(
+        wrapped(
             f"[bold]live[/] {state}: master {live['master']}{' (embedded)' if live['embedded_master'] else ''}, "
             f"engine {live['engine'].get('session')} protocol {live['engine']['protocol']!r}, "
             f"store hostname {live['store'].get('hostname')} "
@@ -101,15 +111,15 @@ def _render(data: dict) -> None:
             f"{live['seconds']} s",
         )
         for t in live.get("transfers", []):
-            stdout.print(f"  {'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s")
+            wrapped(f"{'ok ' if t['ok'] else 'BAD'} {t['direction']}: {t['bytes']} bytes in {t['seconds']} s", 2)
         if live.get("error"):
-            stdout.print(f"  [red]{live['error']}[/]")
+            wrapped(f"[red]{live['error']}[/]", 2)
         for note in live.get("notes", []):
-            stderr.print(f"[yellow]note:[/] {note}")
-    for warning in data["warnings"]:
-        stderr.print(f"[yellow]warning:[/] {warning}")
-    for note in data["notes"]:
-        stderr.print(f"[dim]note:[/] {note}")
+            print_wrapped(f"[yellow]note:[/] {note}", console=stderr)
+    for warning in result.warnings:
+        print_wrapped(f"[yellow]warning:[/] {warning}", console=stderr)
+    for note in result.notes:
+        print_wrapped(f"[dim]note:[/] {note}", console=stderr)
 
 
 @sglang_url_option("sglang_version", "server_args")
@@ -215,7 +225,6 @@ def check(
                         env=run_env,
                         tp_rank=tp_rank,
                     )
-        data = report.to_json()
-        emit(data, json_output, _render)
+        emit(report.result(), json_output, _render)
     if not report.eligible or (report.live is not None and not report.live["ok"]):
         raise typer.Exit(1)

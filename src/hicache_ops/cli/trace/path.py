@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -40,9 +40,20 @@ from hicache_ops.cli.common.options import (
     WritePolicy,
     WritePolicyOption,
 )
-from hicache_ops.cli.common.output import JSON_EXTRAS, native_stderr_to_file, reporting, stderr, stdout
+from hicache_ops.cli.common.output import (
+    JSON_EXTRAS,
+    json_data,
+    native_stderr_to_file,
+    print_wrapped,
+    reporting,
+    stderr,
+    stdout,
+)
 from hicache_ops.cli.common.sglang_url import option_flag, option_given, sglang_url_option
 from hicache_ops.errors import InputError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.trace.tracer import Step
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "cyan", "SKIP": "yellow"}
 
@@ -72,17 +83,18 @@ READ_EXAMPLES = examples(
 )
 
 
-def _render_step(step: dict) -> None:
-    status = step["status"]
-    stdout.print(
-        f"[bold]{step['step']:>2}. {step['name']}[/]  [{_STYLE.get(status, '')}]{status}[/]  "
-        f"{step['summary']}  [dim]({step['elapsed_ms']:.1f} ms)[/]",
+def _render_step(step: Step) -> None:
+    status = step.status
+    print_wrapped(
+        f"[bold]{step.step:>2}. {step.name}[/]  [{_STYLE.get(status, '')}]{status}[/]  "
+        f"{step.summary}  [dim]({step.elapsed_ms:.1f} ms)[/]",
+        4,
     )
-    if step.get("invariant"):
-        stdout.print(f"      [dim]checks:[/] {step['invariant']}")
-    if step.get("state"):
-        stdout.print(f"      [dim]state:[/]  {step['state']}")
-    pages = (step.get("detail") or {}).get("dcp_pages", [])
+    if step.invariant:
+        print_wrapped(f"[dim]checks:[/] {step.invariant}", 6)
+    if step.state:
+        print_wrapped(f"[dim]state:[/]  {step.state}", 6)
+    pages = step.detail.get("dcp_pages", [])
     for page in pages[:_DCP_PAGES_SHOWN]:
         for shard in page["shards"]:
             positions = shard["token_positions"]
@@ -93,8 +105,17 @@ def _render_step(step: dict) -> None:
             )
     if len(pages) > _DCP_PAGES_SHOWN:
         stdout.print(f"      [dim]... {len(pages) - _DCP_PAGES_SHOWN} more page(s) in --json[/]")
-    for cause in step.get("causes", []):
-        stdout.print(f"      [yellow]-[/] {cause}")
+    for cause in step.causes:
+        print_wrapped(f"[yellow]-[/] {cause}", 6)
+
+
+def _verdict(kind: str, steps: list[Step]) -> None:
+    """The answer in one line: where the path stops, or that it completed."""
+    failed = next((s for s in steps if s.status == "FAIL"), None)
+    if failed is not None:
+        print_wrapped(f"[bold red]The {kind} path stops at step {failed.step} ({failed.name}).[/]")
+    else:
+        print_wrapped(f"[green]The {kind} path completed: every step's check holds.[/]")
 
 
 _DCP_PAGES_SHOWN = 2
@@ -107,17 +128,18 @@ def _span(positions: list[int]) -> str:
     return f"{positions[0]},{positions[1]},..,{positions[-1]}"
 
 
-def _emit_step(step: dict, json_output: bool, interactive: bool) -> None:
+def _emit_step(step: Step, json_output: bool, interactive: bool) -> None:
+    """--json: the step's record at once; --step: the step at once, then wait for Enter; otherwise the
+    step waits for the verdict, which comes first."""
     if json_output:
-        record = {k: step[k] for k in ("step", "name", "status", "detail", "elapsed_ms")}
-        record.update(summary=step["summary"], causes=step["causes"])
+        record = json_data(step.record())
         record.update(JSON_EXTRAS.get())  # --sglang-url's fields, on the first record only
         JSON_EXTRAS.set({})
         sys.stdout.write(json.dumps(record, default=str) + "\n")
         sys.stdout.flush()
-    else:
+    elif interactive:
         _render_step(step)
-    if interactive and step["status"] not in ("FAIL",):
+    if interactive and step.status != "FAIL":
         stderr.print("[dim]Enter for the next step...[/]", end="")
         sys.stdin.readline()
 
@@ -163,7 +185,10 @@ def _trace(ctx: typer.Context, kind: str) -> None:
                     run = client.trace(
                         kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes
                     )
-            for s in run["steps"]:
+            from hicache_ops.commands.trace.tracer import Step
+
+            steps = [Step.model_validate(s) for s in run["steps"]]
+            for s in steps:
                 _emit_step(s, json_output, step)
         else:
             if flush:
@@ -176,23 +201,32 @@ def _trace(ctx: typer.Context, kind: str) -> None:
 
             check_fault(kind, inject)
             spec = _spec(ctx)
+            steps = []  # every step as it is made (an injected fault's scenario, step 0, included)
+
+            def on_step(s: Step) -> None:
+                steps.append(s)
+                _emit_step(s, json_output, step)
+
             with native_stderr_to_file(None, "trace_mooncake.log"):
-                run = run_embedded(
+                run_embedded(
                     kind,
                     prompt.input_ids,
                     spec,
                     extra_key=extra_key,
                     cache_salt=cache_salt,
                     inject=inject,
-                    on_step=lambda s: _emit_step(s.to_json(), json_output, step),
-                ).to_json()
-        failed = run["failed_step"]
-        if failed is not None:
-            if not json_output:
-                stdout.print(f"\n[bold red]The {kind} path stops at step {failed['step']} ({failed['name']}).[/]")
-            raise typer.Exit(1)
+                    on_step=on_step,
+                )
         if not json_output:
-            stdout.print(f"\n[green]The {kind} path completed: every step's check holds.[/]")
+            if step:  # the steps were shown as they were made: the answer follows them
+                stdout.print()
+                _verdict(kind, steps)
+            else:
+                _verdict(kind, steps)
+                for s in steps:
+                    _render_step(s)
+        if any(s.status == "FAIL" for s in steps):
+            raise typer.Exit(1)
 
 
 def _spec(ctx: typer.Context):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.geometry import ModelGeometry
@@ -21,6 +22,9 @@ from hicache_ops.sglang.host_pool import (
 from hicache_ops.sglang.rewrites import Resolution, layout_warnings, resolve_layout
 from hicache_ops.sglang.side_host_pool import SideHostPool, SidePageMeta, side_host_pools
 from hicache_ops.sglang.side_pool_specs import PoolSpec
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.inspect.results import LayoutResult
 from hicache_ops.sglang.versions import NEWEST, V0_5_23, family, validate_version
 
 
@@ -52,27 +56,28 @@ class LayoutReport:
     side_pools: list[SideHostPool] = field(default_factory=list)
     side_pages: dict[str, list[SidePageMeta]] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        body = self.pool.to_json()
-        body.pop("layout")
-        return {
-            "sglang_version": self.pool.sglang_version,
-            "layout": self.requested_layout,
-            "effective_layout": self.resolution.layout,
-            "requested_io_backend": self.requested_io_backend,
-            "io_backend": self.resolution.io_backend,
-            "mooncake": self.pool.mooncake,
-            **{k: v for k, v in body.items() if k != "sglang_version"},
-            "device_pool": self.device.to_json(),
-            "pages": [p.to_json() for p in self.pages],
-            "pools": [
-                {**side.to_json(), "pages": [m.to_json() for m in self.side_pages[side.name]]}
+    def result(self) -> LayoutResult:
+        from hicache_ops.commands.inspect.results import LayoutResult, SideLayoutPool
+
+        body = {k: v for k, v in dict(self.pool.view()).items() if k not in ("layout", "sglang_version")}
+        return LayoutResult(
+            sglang_version=self.pool.sglang_version,
+            layout=self.requested_layout,
+            effective_layout=self.resolution.layout,
+            requested_io_backend=self.requested_io_backend,
+            io_backend=self.resolution.io_backend,
+            mooncake=self.pool.mooncake,
+            **body,
+            device_pool=self.device.view(),
+            pages=[p.view() for p in self.pages],
+            pools=[
+                SideLayoutPool(**dict(side.view()), pages=[m.view() for m in self.side_pages[side.name]])
                 for side in self.side_pools
             ],
-            "rewrites": list(self.resolution.notes),
-            "notes": self.notes,
-            "warnings": self.warnings,
-        }
+            rewrites=list(self.resolution.notes),
+            notes=self.notes,
+            warnings=self.warnings,
+        )
 
 
 def default_pages(page_num: int) -> list[int]:

@@ -6,6 +6,17 @@ from __future__ import annotations
 from pydantic import Field
 
 from hicache_ops.results import Result
+from hicache_ops.sglang.views import (
+    BufferView,
+    DevicePoolView,
+    GeometryView,
+    HostPoolView,
+    L3LayoutView,
+    PageMetaView,
+    SideHostPoolView,
+    SidePageMetaView,
+    SidePoolView,
+)
 
 
 class KeyPage(Result):
@@ -21,11 +32,7 @@ class KeyPage(Result):
     )
 
 
-class SidePool(Result):
-    name: str = Field(description="SGLang's pool name")
-    suffixes: list[str] = Field(description="the pool's object suffixes over every selected rank")
-    hit_policy: str = Field(description="how SGLang counts the pool's hit pages")
-    trailing_pages: int | None = Field(description="pages a trailing-pages pool reads, else `null`")
+SidePool = SidePoolView  # a side pool as inspect keys lists it
 
 
 class InspectKeysResult(Result):
@@ -69,7 +76,9 @@ class InspectKeysResult(Result):
     pool_source: str | None = Field(
         None, description='with --sglang-url: where the side pools came from (`"l3_layout"` or the flags)'
     )
-    l3_layout: dict | None = Field(None, description="the server's L3 layout, with our key rule's disagreements")
+    l3_layout: L3LayoutView | None = Field(
+        None, description="the server's L3 layout, with our key rule's disagreements"
+    )
     pool_disagreements: list[dict] | None = Field(None, description="--pool flags that differ from the layout's")
 
 
@@ -100,7 +109,7 @@ def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
         ],
         "notes": report.notes,
         "pools": [
-            pool.to_json(list(dict.fromkeys(s for rank in report.ranks for s in rank["pools"][pool.name])))
+            pool.view(list(dict.fromkeys(s for rank in report.ranks for s in rank["pools"][pool.name])))
             for pool in report.pools
         ],
     }
@@ -116,5 +125,47 @@ def keys_result(report, diff=None, choice=None) -> InspectKeysResult:
         if diff.pool_hit_pages is not None:
             data |= {"restorable_prefix_pages": diff.restorable_prefix_pages, "pool_hit_pages": diff.pool_hit_pages}
     if choice is not None:
-        data |= choice.to_json()
+        data |= choice.result_fields()
     return InspectKeysResult(**data)
+
+
+class SideLayoutPool(SideHostPoolView):
+    pages: list[SidePageMetaView] = Field(description="the chosen pages' byte ranges and objects")
+
+
+_HOST = HostPoolView.model_fields
+
+
+class LayoutResult(Result):
+    """`hicache inspect layout --json`: the rewrites, one rank's host pool, chosen pages, side pools."""
+
+    sglang_version: str = Field(description="the SGLang release whose rules apply")
+    layout: str = Field(description="the host layout asked for")
+    effective_layout: str = Field(description="the layout SGLang runs with after its start-up rewrites")
+    requested_io_backend: str = Field(description="the io backend asked for")
+    io_backend: str = Field(description="the io backend SGLang runs with")
+    mooncake: bool = Field(description="the Mooncake backend is on (its rewrites and zero-copy rules apply)")
+    geometry: GeometryView = Field(description=_HOST["geometry"].description)
+    page_size: int = Field(description=_HOST["page_size"].description)
+    tp_size: int = Field(description=_HOST["tp_size"].description)
+    tp_lcm_size: int | None = Field(description=_HOST["tp_lcm_size"].description)
+    heads_per_rank: int = Field(description=_HOST["heads_per_rank"].description)
+    device_tokens: int = Field(description=_HOST["device_tokens"].description)
+    hicache_ratio: int | float = Field(description=_HOST["hicache_ratio"].description)
+    hicache_size_gb: int | float = Field(description=_HOST["hicache_size_gb"].description)
+    bytes_per_token: int = Field(description=_HOST["bytes_per_token"].description)
+    bytes_per_page: int = Field(description=_HOST["bytes_per_page"].description)
+    size_tokens: int = Field(description=_HOST["size_tokens"].description)
+    page_num: int = Field(description=_HOST["page_num"].description)
+    host_bytes: int = Field(description=_HOST["host_bytes"].description)
+    buffers: list[BufferView] = Field(description=_HOST["buffers"].description)
+    split_factor: int = Field(description=_HOST["split_factor"].description)
+    objects_per_page: int = Field(description=_HOST["objects_per_page"].description)
+    mooncake_objects_per_page: int = Field(description=_HOST["mooncake_objects_per_page"].description)
+    mooncake_zero_copy: bool = Field(description=_HOST["mooncake_zero_copy"].description)
+    device_pool: DevicePoolView = Field(description="the L1 pool one rank keeps")
+    pages: list[PageMetaView] = Field(description="the chosen pages' byte ranges (pages 0, 1 and the last by default)")
+    pools: list[SideLayoutPool] = Field(description="each side pool's host pool and chosen pages")
+    rewrites: list[str] = Field(description="SGLang's start-up rewrites of the layout and io backend")
+    notes: list[str] = Field(description="plain-language remarks (the rewrites among them)")
+    warnings: list[str] = Field(description="what SGLang does silently with these flags")

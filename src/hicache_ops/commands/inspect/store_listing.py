@@ -406,7 +406,7 @@ def inspect_store(
             if sglang_url is None
             else {
                 "pool_source": FROM_LAYOUT if layout_note is None else None,
-                "l3_layout": None if layout is None else layout.to_json(),
+                "l3_layout": None if layout is None else layout.view().model_dump(mode="json"),
                 "l3_layout_note": layout_note,
                 "server_pools": served_pools(keys, layout, limit)
                 if layout is not None and layout_note is None

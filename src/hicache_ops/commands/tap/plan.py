@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hicache_ops.commands.tap.backend import BACKEND_NAME, CLASS_NAME, MODULE_PATH
 from hicache_ops.commands.tap.recording import (
@@ -25,6 +26,9 @@ from hicache_ops.commands.tap.recording import (
     with_suffix,
 )
 from hicache_ops.errors import InputError, SettingError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.tap.results import TapPlan
 
 
 def check_recording_path(path: str) -> None:
@@ -53,7 +57,7 @@ def launch_plan(
     tp_size: int = 1,
     pp_size: int = 1,
     objects: bool = True,
-) -> dict:
+) -> TapPlan:
     """The SGLang flags that load the tap, the merged extra-config and where each rank records."""
     for setting, size in (("tp_size", tp_size), ("pp_size", pp_size)):
         if size < 1:
@@ -114,19 +118,16 @@ def launch_plan(
         )
     if replaced:
         notes.append(f"replaced from your extra-config: {', '.join(replaced)}.")
-    return {
-        "flags": flags,
-        "command_line": " ".join(shlex.quote(f) for f in flags),
-        "extra_config": merged,
-        "kept_keys": kept,
-        "replaced_keys": replaced,
-        "tap_keys": [k for k in tap],
-        "recording": {
-            "path": base,
-            "env": PATH_ENV,
-            "per_rank": tp_size * pp_size > 1,
-            "files": files,
-        },
-        "show": "hicache trace show " + " ".join(shlex.quote(f) for f in files),
-        "notes": notes,
-    }
+    from hicache_ops.commands.tap.results import TapPlan, TapRecording
+
+    return TapPlan(
+        flags=flags,
+        command_line=" ".join(shlex.quote(f) for f in flags),
+        extra_config=merged,
+        kept_keys=kept,
+        replaced_keys=replaced,
+        tap_keys=[k for k in tap],
+        recording=TapRecording(path=base, env=PATH_ENV, per_rank=tp_size * pp_size > 1, files=files),
+        show="hicache trace show " + " ".join(shlex.quote(f) for f in files),
+        notes=notes,
+    )

@@ -1,7 +1,7 @@
 """The smallest change that makes every rank reuse the shared engine, verified by re-evaluation.
 
     fix = find_fix(scenario, evaluate(scenario))
-    fix["changes"], fix["verified"]
+    fix.changes, fix.verified
 
 Each failing condition is repaired where its value really comes from (the variable, the extra-config
 or the Mooncake config file it was read from; docs/mooncake.md#config-resolution), in the rule's
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
 
 from hicache_ops.commands.te.rule import (
     FORCE_TCP_ENV,
@@ -25,6 +27,7 @@ from hicache_ops.commands.te.rule import (
     evaluate,
     rdma_devices,
 )
+from hicache_ops.results import Result
 
 MATTERS = (
     "Reuse is an optimisation, not a correctness issue: without it each rank's store client starts a "
@@ -34,15 +37,23 @@ MATTERS = (
 )
 
 
-@dataclass
-class Change:
-    kind: str  # "env" | "flag" | "config"
-    name: str
-    value: object  # None: unset / remove
-    text: str
+class Change(Result):
+    kind: Literal["env", "flag", "config"] = Field(description="what the change edits")
+    name: str = Field(description="the variable, flag (SGLang's field name) or config key")
+    value: Any = Field(description="its new value; `null`: unset or remove it")
+    text: str = Field(description="the change as one instruction")
 
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "value": self.value, "text": self.text}
+
+class TeFix(Result):
+    summary: str = Field(description="every change, in order, as one line")
+    changes: list[Change] = Field(description="the changes, applied in order")
+    alternative: str | None = Field(description="another way, where one exists (TCP-only deployments)")
+    verified: bool = Field(description="the changed deployment, evaluated again, reuses the engine on every rank")
+    matters: str = Field(description="what not reusing the engine costs")
+
+
+def _change(kind: Literal["env", "flag", "config"], name: str, value: object, text: str) -> Change:
+    return Change(kind=kind, name=name, value=value, text=text)
 
 
 def _config_change(ev: Evaluation, key: str, value: object) -> Change:
@@ -56,12 +67,12 @@ def _config_change(ev: Evaluation, key: str, value: object) -> Change:
     }[key]
     shown = json.dumps(value)
     if source.startswith("env:") or cfg.origin == "env":
-        return Change(
+        return _change(
             "env", env_var, value, f"export {env_var}={shlex.quote(str(value)) if value != '' else chr(34) * 2}"
         )
     if cfg.origin == "extra_config":
-        return Change("config", key, value, f'set "{key}": {shown} in --hicache-storage-backend-extra-config')
-    return Change("config", key, value, f'set "{key}": {shown} in the Mooncake config file {cfg.config_path}')
+        return _change("config", key, value, f'set "{key}": {shown} in --hicache-storage-backend-extra-config')
+    return _change("config", key, value, f'set "{key}": {shown} in the Mooncake config file {cfg.config_path}')
 
 
 def _apply(sc: Scenario, change: Change) -> Scenario:
@@ -93,7 +104,7 @@ def _device_fix(ev: Evaluation) -> tuple[list[Change], str | None]:
             here = "this machine's first RDMA device" if devs else "an example name: use your HCA"
             changes = [
                 _config_change(ev, "device_name", hca),
-                Change(
+                _change(
                     "flag",
                     "disaggregation_ib_device",
                     hca,
@@ -109,17 +120,17 @@ def _device_fix(ev: Evaluation) -> tuple[list[Change], str | None]:
         if len(set(stores)) == 1:
             dev = stores[0]
             return [
-                Change(
+                _change(
                     "flag",
                     "disaggregation_ib_device",
                     dev,
-                    f"add --disaggregation-ib-device {shlex.quote(dev)} to the launch flags",
+                    f"add --disaggregation-ib-device {shlex.quote(str(dev))} to the launch flags",
                 )
             ], None
         by_gpu = {str(r.rank.gpu_id): r.store_device for r in results}
         text = json.dumps(by_gpu, separators=(",", ":"))
         return [
-            Change(
+            _change(
                 "flag",
                 "disaggregation_ib_device",
                 text,
@@ -137,7 +148,7 @@ def _device_fix(ev: Evaluation) -> tuple[list[Change], str | None]:
             by_gpu = {str(x.rank.gpu_id): x.store_device for x in results}
             text = json.dumps(by_gpu, separators=(",", ":"))
             return [
-                Change(
+                _change(
                     "flag",
                     "disaggregation_ib_device",
                     text,
@@ -149,7 +160,7 @@ def _device_fix(ev: Evaluation) -> tuple[list[Change], str | None]:
     return [_config_change(ev, "device_name", text)], None
 
 
-def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
+def find_fix(sc: Scenario, ev: Evaluation) -> TeFix | None:
     """Changes (applied in order) after which every rank reuses the engine, verified by re-evaluation."""
     if ev.eligible:
         return None
@@ -168,7 +179,7 @@ def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
     if not cur.engine_exists:
         step(
             [
-                Change(
+                _change(
                     "env",
                     REUSE_ENV,
                     None,
@@ -185,7 +196,7 @@ def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
         if tcp_deployment:
             if cur.engine_protocol != RDMA and new[0].name != "MOONCAKE_PROTOCOL":
                 new.append(
-                    Change(
+                    _change(
                         "env",
                         "MOONCAKE_PROTOCOL",
                         None,
@@ -194,7 +205,7 @@ def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
                 )
             if not cur.force_tcp:
                 new.append(
-                    Change(
+                    _change(
                         "env", FORCE_TCP_ENV, "1", f"export {FORCE_TCP_ENV}=1 so every Mooncake transfer stays on TCP"
                     )
                 )
@@ -210,10 +221,10 @@ def find_fix(sc: Scenario, ev: Evaluation) -> dict | None:
         step(new)
     verified = cur.eligible
     summary = "; ".join(c.text for c in changes)
-    return {
-        "summary": summary,
-        "changes": [c.to_json() for c in changes],
-        "alternative": alternative,
-        "verified": verified,
-        "matters": MATTERS + (" " + "; ".join(notes) + "." if notes else ""),
-    }
+    return TeFix(
+        summary=summary,
+        changes=changes,
+        alternative=alternative,
+        verified=verified,
+        matters=MATTERS + (" " + "; ".join(notes) + "." if notes else ""),
+    )

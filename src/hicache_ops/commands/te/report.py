@@ -18,8 +18,11 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from hicache_ops.commands.te.fix import find_fix
+from pydantic import Field
+
+from hicache_ops.commands.te.fix import TeFix, find_fix
 from hicache_ops.commands.te.rule import (
     REUSE_LOG_LINE,
     Condition,
@@ -32,8 +35,84 @@ from hicache_ops.commands.te.rule import (
 )
 from hicache_ops.errors import SettingError
 from hicache_ops.mooncake.config import CONFIG_PATH_ENV, StoreConfig
+from hicache_ops.results import Result
 from hicache_ops.sglang.launch import LaunchArgs, default_args, load_extra_config, parse_server_args
 from hicache_ops.sglang.versions import validate_version
+
+
+class TeCondition(Result):
+    name: str = Field(description="the rule's condition, in SGLang's order")
+    ok: bool = Field(description="the deployment passes it")
+    actual: Any = Field(description="the deployment's value (per rank `{rank: value}` when ranks differ)")
+    expected: Any = Field(description="the value the condition needs")
+    why: str = Field(description="the condition in words, with where the value came from")
+
+
+class TeRank(Result):
+    rank: str = Field(description="the rank's label (dp/pp/tp)")
+    dp_rank: int = Field(description="data-parallel rank")
+    pp_rank: int = Field(description="pipeline-parallel rank")
+    tp_rank: int = Field(description="tensor-parallel rank")
+    store_tp_rank: int = Field(
+        description="the tp rank the store client is set up with (attention tp under DP attention)"
+    )
+    gpu_id: int = Field(description="the GPU the rank runs on")
+    store_device_name: Any = Field(description="the device_name the rank's store passes to setup()")
+    engine_ib_device: str | None = Field(description="the shared engine's ib device for this rank (`null`: none)")
+    device_match: bool = Field(description="store device_name == engine ib device (SGLang's comparison)")
+    eligible: bool = Field(description="this rank reuses the shared engine")
+
+
+class TeEngine(Result):
+    reasons: list[str] = Field(description="how the shared engine's protocol was decided")
+    protocol: str = Field(description="the shared engine's protocol")
+
+
+class TeStoreConfig(Result):
+    origin: str = Field(description="where the store config came from: `file`, `extra_config` or `env`")
+    config_path: str | None = Field(description="the Mooncake config file, when one was read")
+    metadata_server: str = Field(description="the store's metadata_server")
+    protocol: str = Field(description="the store's protocol")
+    device_name: str = Field(description="the store's device_name as configured")
+    master_server_address: str | None = Field(description="the master's RPC address")
+    sources: dict[str, str | None] = Field(
+        description="field -> where its value was read (`env:NAME`, a file, default)"
+    )
+
+
+class TeCheckResult(Result):
+    """`hicache te check --json`."""
+
+    eligible: bool = Field(description="every rank reuses the shared Transfer Engine")
+    verdict: Literal["reused", "not reused"] = Field(description="the answer in words")
+    conditions: list[TeCondition] = Field(description="the reuse rule's conditions, in SGLang's order")
+    fix: TeFix | None = Field(description="the smallest change that makes every rank reuse it; `null` when reused")
+    sglang_version: str = Field(description="the SGLang release whose rule was applied")
+    ranks: list[TeRank] = Field(description="every rank of this node (only --tp-rank's with it)")
+    engine: TeEngine = Field(description="the shared engine SGLang would create")
+    store_config: TeStoreConfig = Field(description="the Mooncake store config the ranks resolve")
+    server_args_assumed: bool = Field(description="no server args given: HiCache + mooncake and SGLang's defaults")
+    warnings: list[str] = Field(description="what SGLang does silently with this deployment")
+    notes: list[str] = Field(description="plain-language remarks")
+    live: dict[str, Any] | None = Field(
+        description="with --live: the transfer test (`ok`, `master`, `engine`, `store`, `transfers`, `error`)"
+    )
+
+
+def _rank(r: RankResult) -> TeRank:
+    k = r.rank
+    return TeRank(
+        rank=k.label,
+        dp_rank=k.dp_rank,
+        pp_rank=k.pp_rank,
+        tp_rank=k.tp_rank,
+        store_tp_rank=k.store_tp_rank,
+        gpu_id=k.gpu_id,
+        store_device_name=r.store_device,
+        engine_ib_device=r.engine_ib_device,
+        device_match=r.store_device == r.engine_ib_device,
+        eligible=r.eligible,
+    )
 
 
 @dataclass
@@ -42,7 +121,7 @@ class TeReport:
     eligible: bool
     conditions: list[Condition]
     ranks: list[RankResult]
-    fix: dict | None
+    fix: TeFix | None
     config: StoreConfig
     args: LaunchArgs
     server_args_assumed: bool  # no server args given: HiCache + mooncake assumed
@@ -52,32 +131,36 @@ class TeReport:
     notes: list[str]
     live: dict | None = None
 
-    def to_json(self) -> dict:
-        return {
-            "eligible": self.eligible,
-            "verdict": "reused" if self.eligible else "not reused",
-            "conditions": [c.to_json() for c in self.conditions],
-            "fix": self.fix,
-            "sglang_version": self.sglang_version,
-            "ranks": [r.to_json() for r in self.ranks],
-            "engine": {"reasons": self.engine_reasons, "protocol": self.engine_protocol},
-            "store_config": {
-                "origin": self.config.origin,
-                "config_path": self.config.config_path,
-                "metadata_server": self.config.metadata_server,
-                "protocol": self.config.protocol,
-                "device_name": self.config.device_name,
-                "master_server_address": self.config.master_server_address,
-                "sources": {
-                    k: self.config.sources.get(k)
+    def result(self) -> TeCheckResult:
+        cfg = self.config
+        return TeCheckResult(
+            eligible=self.eligible,
+            verdict="reused" if self.eligible else "not reused",
+            conditions=[
+                TeCondition(name=c.name, ok=c.ok, actual=c.actual, expected=c.expected, why=c.why)
+                for c in self.conditions
+            ],
+            fix=self.fix,
+            sglang_version=self.sglang_version,
+            ranks=[_rank(r) for r in self.ranks],
+            engine=TeEngine(reasons=self.engine_reasons, protocol=self.engine_protocol),
+            store_config=TeStoreConfig(
+                origin=cfg.origin,
+                config_path=cfg.config_path,
+                metadata_server=cfg.metadata_server,
+                protocol=cfg.protocol,
+                device_name=cfg.device_name,
+                master_server_address=cfg.master_server_address,
+                sources={
+                    k: cfg.sources.get(k)
                     for k in ("device_name", "metadata_server", "protocol", "master_server_address")
                 },
-            },
-            "server_args_assumed": self.server_args_assumed,
-            "warnings": self.warnings,
-            "notes": self.notes,
-            "live": self.live,
-        }
+            ),
+            server_args_assumed=self.server_args_assumed,
+            warnings=self.warnings,
+            notes=self.notes,
+            live=self.live,
+        )
 
 
 def build_scenario(

@@ -128,9 +128,6 @@ class Condition:
     expected: object
     why: str
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "actual": self.actual, "expected": self.expected, "why": self.why}
-
 
 @dataclass
 class RankResult:
@@ -139,21 +136,6 @@ class RankResult:
     engine_ib_device: str | None
     engine_why: str
     eligible: bool
-
-    def to_json(self) -> dict:
-        r = self.rank
-        return {
-            "rank": r.label,
-            "dp_rank": r.dp_rank,
-            "pp_rank": r.pp_rank,
-            "tp_rank": r.tp_rank,
-            "store_tp_rank": r.store_tp_rank,
-            "gpu_id": r.gpu_id,
-            "store_device_name": self.store_device,
-            "engine_ib_device": self.engine_ib_device,
-            "device_match": self.store_device == self.engine_ib_device,
-            "eligible": self.eligible,
-        }
 
 
 @dataclass

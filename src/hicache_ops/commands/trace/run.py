@@ -11,13 +11,16 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from hicache_ops.commands.trace.steps import trace_read, trace_write
 from hicache_ops.commands.trace.tracer import INFO, Step
 from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
+from hicache_ops.results import Result
 
 # fault -> (the trace kinds it applies to, what it does)
 FAULTS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -57,16 +60,28 @@ class TraceRun:
     def failed_step(self) -> Step | None:
         return next((s for s in self.steps if s.status == "FAIL"), None)
 
-    def to_json(self) -> dict:
+    def result(self) -> TraceRunResult:
         failed = self.failed_step
-        return {
-            "kind": self.kind,
-            "inject": self.inject,
-            "scenario": self.scenario,
-            "ok": failed is None,
-            "failed_step": failed.to_json() if failed else None,
-            "steps": [s.to_json() for s in self.steps],
-        }
+        return TraceRunResult(
+            kind=self.kind,
+            inject=self.inject,
+            scenario=self.scenario,
+            ok=failed is None,
+            failed_step=failed,
+            steps=self.steps,
+        )
+
+
+class TraceRunResult(Result):
+    """A whole trace: the serve's `POST /v1/trace/{kind}` answer (`hicache trace --json` prints its
+    steps, one JSON object a line, as they are made)."""
+
+    kind: Literal["write", "read"] = Field(description="the path traced")
+    inject: str | None = Field(description="the fault injected on purpose, `null` when none")
+    scenario: dict[str, Any] = Field(description="the instances involved (writer, reader, serve) and their settings")
+    ok: bool = Field(description="every step's check holds")
+    failed_step: Step | None = Field(description="the step the path stops at, `null` when none")
+    steps: list[Step] = Field(description="every step made, in order")
 
 
 def check_traceable(tokens: list[int], page_size: int) -> None:
@@ -223,7 +238,13 @@ def run_embedded(
                 reader.l3.extra_latency_s = 0.5
             run.scenario["reader"] = _describe(reader_spec, extra_key, cache_salt)
             writer_note = _writer_note(writer_spec, written.stored_pages, len(tokens) // spec.page_size)
-            intro = Step(0, "scenario", INFO, f"{writer_note}; a fresh reader traces the read", detail=run.scenario)
+            intro = Step(
+                step=0,
+                name="scenario",
+                status=INFO,
+                summary=f"{writer_note}; a fresh reader traces the read",
+                detail=run.scenario,
+            )
             if on_step is not None:
                 on_step(intro)
             run.steps = trace_read(

@@ -75,7 +75,7 @@ def side_lookup_step(t: Tracer, cache, keys, found, info, detail, diagnose) -> N
         "pool_hit_pages": found.pool_hit_pages,
         "restorable_prefix_pages": found.restorable,
         "pools": [
-            p.to_json(list(dict.fromkeys(s for r in side_layout(cache.l3.schemes, pools) for s in r[p.name])))
+            p.view(list(dict.fromkeys(s for r in side_layout(cache.l3.schemes, pools) for s in r[p.name]))).model_dump()
             for p in pools
         ],
     }
