@@ -16,7 +16,7 @@ from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
-from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, JSON_EXTRAS, print_error, stderr
+from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, print_error, stderr
 from hicache_ops.errors import HicacheError, InputError
 
 
@@ -38,8 +38,6 @@ class _RootGroup(HicacheGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
-        # Each invocation starts with no JSON extras (in-process runs share the context).
-        token = JSON_EXTRAS.set({})
         argv_token = ARGV.set(tuple(str(a) for a in (sys.argv[1:] if args is None else args)))
         try:
             return self._main(
@@ -51,7 +49,6 @@ class _RootGroup(HicacheGroup):
                 **extra,
             )
         finally:
-            JSON_EXTRAS.reset(token)
             ARGV.reset(argv_token)
 
     def _main(

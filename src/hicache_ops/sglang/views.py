@@ -4,7 +4,7 @@ objects (`hicache --help` loads no pydantic)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -159,6 +159,15 @@ class L3LayoutView(Result):
     )
 
 
+class SglangRulesView(Result):
+    """Which release's rules a command applied when the server's version chose them."""
+
+    version: str = Field(description="the release whose rules apply")
+    requested: str | None = Field(description="the version asked for (given, or the server's or the installed one)")
+    reason: str = Field(description="what chose the rules: --sglang-version, --sglang-url or the installed sglang")
+    notes: list[str] = Field(description="how the reported version maps onto a release's rules")
+
+
 class SglangServerView(Result):
     """The SGLang server --sglang-url read: what a command's JSON says it took its settings from."""
 
@@ -167,3 +176,18 @@ class SglangServerView(Result):
     route: str = Field(description="the route its settings were read from")
     values: dict[str, Any] = Field(description="the settings read, by option name")
     notes: list[str] = Field(description="what was assumed or could not be read")
+
+
+class ServerProvenance(Result):
+    """What --sglang-url read from the server, in the JSON of the command it configured (beside the
+    command's own fields): the server, where it disagrees with the options given, and the rules it chose."""
+
+    omit_if_none: ClassVar[tuple[str, ...]] = ("sglang_rules",)
+
+    sglang_server: SglangServerView = Field(description="the SGLang server the settings were read from")
+    server_disagreements: list[dict[str, Any]] = Field(
+        description="options given on the command line that differ from the server's"
+    )
+    sglang_rules: SglangRulesView | None = Field(
+        None, description="the rules the server's version chose (absent with --sglang-version)"
+    )

@@ -15,11 +15,11 @@ from typing import Any
 import typer
 
 from hicache_ops.cli.common.options import value_of
+from hicache_ops.cli.common.output import PROVENANCE, json_data
 from hicache_ops.sglang.deployment import CacheSizing, DeploymentSettings, L3Address, Policies
 from hicache_ops.sglang.page_keys import Deployment
 
 # ctx.meta key under which --sglang-url leaves the JSON fields about the server it read.
-PROVENANCE = "hicache.sglang_url"
 
 
 def _get(params: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -75,7 +75,8 @@ def deployment_settings(ctx: typer.Context, *, mla: bool | None = None) -> Deplo
         prefetch_threshold=_get(params, "prefetch_threshold", Policies.prefetch_threshold),
     )
     l3 = L3Address(master=_get(params, "master", None), master_rpc=_get(params, "master_rpc", None))
-    provenance = dict(ctx.meta.get(PROVENANCE, {}))
+    found = ctx.meta.get(PROVENANCE)
+    provenance = json_data(found) if found is not None else {}
     return DeploymentSettings(topology, sizing, policies, l3, provenance).validate()
 
 

@@ -93,14 +93,14 @@ def value_of(choice: StrEnum | str | None) -> str | None:
     return None if choice is None else getattr(choice, "value", choice)
 
 
-def _version_choice(value: str | None) -> str | None:
+def _version_choice(ctx: typer.Context, value: str | None) -> str | None:
     """--sglang-version's callback: which release's rules apply and why go into the output.
 
     The choice (given, or the installed sglang's, or the newest) is named in the JSON
     (`sglang_rules`, warnings also in `notes`) and on stderr; a refused version is left for the
     command to report (one sentence, exit 2).
     """
-    from hicache_ops.cli.common.output import ARGV, add_json_extras, stderr
+    from hicache_ops.cli.common.output import ARGV, RULES, stderr
     from hicache_ops.errors import InputError
     from hicache_ops.sglang.versions import choose
 
@@ -111,7 +111,9 @@ def _version_choice(value: str | None) -> str | None:
     except InputError:
         return value
     warnings = [n for n in choice.notes if n.startswith("warning:")]
-    add_json_extras({"sglang_rules": choice.to_dict()}, notes=warnings)
+    from hicache_ops.sglang.views import SglangRulesView
+
+    ctx.meta[RULES] = (SglangRulesView(**choice.to_dict()), warnings)
     # The installed sglang being a known release is no fallback: that choice is in the JSON only.
     for note in warnings:
         stderr.print(f"[bold yellow]warning:[/] {note.removeprefix('warning: ')}", highlight=False)

@@ -13,7 +13,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
@@ -29,9 +29,11 @@ stdout = Console(soft_wrap=True, highlight=False)
 stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 
 DEBUG_ENV = "HICACHE_DEBUG"
-# Fields a command wrapper adds to the command's JSON object (--sglang-url's server_disagreements).
-# The default is read-only: a command sets its own dict, never fills the shared default.
-JSON_EXTRAS: ContextVar[Mapping[str, Any]] = ContextVar("json_extras", default=MappingProxyType({}))
+# ctx.meta key of what --sglang-url read (a ServerProvenance, set by sglang_url_option), which
+# emit adds to the command's JSON.
+PROVENANCE = "hicache.sglang_url"
+# ctx.meta key of the rules --sglang-version chose (an SglangRulesView and its warnings), likewise.
+RULES = "hicache.sglang_rules"
 # The running command's options: parameter name -> its flag (set by HicacheCommand.invoke), so a
 # library error naming a setting names the flag that sets it.
 COMMAND_FLAGS: ContextVar[Mapping[str, str]] = ContextVar("command_flags", default=MappingProxyType({}))
@@ -39,16 +41,26 @@ COMMAND_FLAGS: ContextVar[Mapping[str, str]] = ContextVar("command_flags", defau
 ARGV: ContextVar[tuple[str, ...]] = ContextVar("argv", default=())
 
 
-def add_json_extras(fields: dict, *, notes: Sequence[str] = ()) -> None:
-    """Add fields to the command's JSON object; `notes` are appended to its `notes` list."""
-    extras = dict(JSON_EXTRAS.get())
-    extras.update(fields)
-    if notes:
-        extras["notes"] = [*extras.get("notes", []), *notes]
-    JSON_EXTRAS.set(extras)
+def provenance_fields() -> dict[str, Any]:
+    """The JSON fields the running command's options add (what --sglang-url read, the rules
+    --sglang-version chose, its warnings as `notes`); empty without those options."""
+    from typer._click.globals import get_current_context  # the Click Typer bundles, whose contexts these are
+
+    ctx = get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    fields: dict[str, Any] = {}
+    if meta.get(RULES) is not None:
+        rules, notes = meta[RULES]
+        fields["sglang_rules"] = json_data(rules)
+        if notes:
+            fields["notes"] = list(notes)
+    if meta.get(PROVENANCE) is not None:
+        fields.update(json_data(meta[PROVENANCE]))
+    return fields
 
 
-def _merged(data: dict, extras: Mapping[str, Any]) -> dict:
+def _merged(data: dict[str, Any], extras: Mapping[str, Any]) -> dict[str, Any]:
+    """The result's fields and the options' ones; an option's notes follow the result's own."""
     out = {**data, **extras}
     if "notes" in extras and isinstance(data.get("notes"), list):
         out["notes"] = [*data["notes"], *extras["notes"]]
@@ -69,11 +81,11 @@ def json_data(result: Any) -> Any:
 
 
 def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
-    """Print `result` as JSON (json_data, plus the fields a command wrapper adds), or hand it to
-    `render` for people."""
+    """Print `result` as JSON (json_data, plus what --sglang-url read, beside the result's own fields),
+    or hand it to `render` for people."""
     if json_output:
         data = json_data(result)
-        extras = JSON_EXTRAS.get()
+        extras = provenance_fields()
         print_json(_merged(data, extras) if extras and isinstance(data, dict) else data)
     else:
         render(result)

@@ -18,9 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from hicache_ops.cli.common.deployment import PROVENANCE
 from hicache_ops.cli.common.options import INPUT, TimeoutOption
-from hicache_ops.cli.common.output import JSON_EXTRAS, json_data, reporting, stderr
+from hicache_ops.cli.common.output import PROVENANCE, reporting, stderr
 
 SglangUrlOption = Annotated[
     str | None,
@@ -105,18 +104,18 @@ def _as_option(value: Any, choices: type[Enum] | None, flag: str) -> Any:
         ) from None
 
 
-def _rules_from_server(resolution, given: dict) -> dict:
-    """`sglang_rules` when the server's version chose the rules (no --sglang-version given)."""
+def _rules_from_server(resolution, given: dict):
+    """The rules the server's version chose (None when --sglang-version was given or no version was read)."""
+    from hicache_ops.sglang.views import SglangRulesView
+
     if "sglang_version" in given or resolution.server.sglang_version is None:
-        return {}
-    return {
-        "sglang_rules": {
-            "version": resolution.server.sglang_version,
-            "requested": resolution.server.version,
-            "reason": "--sglang-url",
-            "notes": [n for n in resolution.server.notes if "rules" in n],
-        }
-    }
+        return None
+    return SglangRulesView(
+        version=resolution.server.sglang_version,
+        requested=resolution.server.version,
+        reason="--sglang-url",
+        notes=[n for n in resolution.server.notes if "rules" in n],
+    )
 
 
 def _report(ctx: typer.Context, resolution, applied: list[str]) -> None:
@@ -196,19 +195,17 @@ def sglang_url_option(*fields: str) -> Callable:
                 if takes_server:
                     kwargs[SERVER_PARAM] = resolution.server
             _report(ctx, resolution, applied)
-            provenance = {
-                "sglang_server": json_data(resolution.view()),
-                "server_disagreements": resolution.disagreements,
-                **_rules_from_server(resolution, given),
-            }
-            # The values the command runs with, for deployment_settings(ctx), and what the server said.
+            from hicache_ops.sglang.views import ServerProvenance
+
+            # The values the command runs with, for deployment_settings(ctx), and what the server said
+            # (emit adds it to the command's JSON).
             ctx.params.update({name: kwargs[name] for name in applied})
-            ctx.meta[PROVENANCE] = provenance
-            token = JSON_EXTRAS.set({**JSON_EXTRAS.get(), **provenance})
-            try:
-                return command(**kwargs)
-            finally:
-                JSON_EXTRAS.reset(token)
+            ctx.meta[PROVENANCE] = ServerProvenance(
+                sglang_server=resolution.view(),
+                server_disagreements=resolution.disagreements,
+                sglang_rules=_rules_from_server(resolution, given),
+            )
+            return command(**kwargs)
 
         signature = signature.replace(parameters=[*own[:at], *added, *own[at:]])
         wrapper.__signature__ = signature  # type: ignore[attr-defined]  # typer reads the options from it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -41,10 +41,10 @@ from hicache_ops.cli.common.options import (
     WritePolicyOption,
 )
 from hicache_ops.cli.common.output import (
-    JSON_EXTRAS,
     json_data,
     native_stderr_to_file,
     print_wrapped,
+    provenance_fields,
     reporting,
     stderr,
     stdout,
@@ -128,13 +128,12 @@ def _span(positions: list[int]) -> str:
     return f"{positions[0]},{positions[1]},..,{positions[-1]}"
 
 
-def _emit_step(step: Step, json_output: bool, interactive: bool) -> None:
+def _emit_step(step: Step, json_output: bool, interactive: bool, extras: dict[str, Any]) -> None:
     """--json: the step's record at once; --step: the step at once, then wait for Enter; otherwise the
-    step waits for the verdict, which comes first."""
+    step waits for the verdict, which comes first. `extras` join the record (--sglang-url's fields, on the
+    first record only)."""
     if json_output:
-        record = json_data(step.record())
-        record.update(JSON_EXTRAS.get())  # --sglang-url's fields, on the first record only
-        JSON_EXTRAS.set({})
+        record = {**json_data(step.record()), **extras}
         sys.stdout.write(json.dumps(record, default=str) + "\n")
         sys.stdout.flush()
     elif interactive:
@@ -153,6 +152,7 @@ def _trace(ctx: typer.Context, kind: str) -> None:
     options = ctx.params
     json_output, step, flush, allow_writes = (options[n] for n in ("json_output", "step", "flush", "allow_writes"))
     inject, serve_url, timeout = options["inject"], options["serve"], options["timeout"]
+    first_extras = [provenance_fields()]  # joins the first --json record
     with reporting(json_output):
         from hicache_ops.server.client import check_timeout
         from hicache_ops.tokens import load_prompt
@@ -189,7 +189,7 @@ def _trace(ctx: typer.Context, kind: str) -> None:
 
             steps = [Step.model_validate(s) for s in run["steps"]]
             for s in steps:
-                _emit_step(s, json_output, step)
+                _emit_step(s, json_output, step, first_extras.pop() if first_extras else {})
         else:
             if flush:
                 raise InputError("--flush applies to --serve; the embedded engine starts empty.")
@@ -205,7 +205,7 @@ def _trace(ctx: typer.Context, kind: str) -> None:
 
             def on_step(s: Step) -> None:
                 steps.append(s)
-                _emit_step(s, json_output, step)
+                _emit_step(s, json_output, step, first_extras.pop() if first_extras else {})
 
             with native_stderr_to_file(None, "trace_mooncake.log"):
                 run_embedded(
