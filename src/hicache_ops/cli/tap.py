@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,7 +18,7 @@ EXAMPLES = examples(
 )
 
 
-def _render(plan: dict) -> None:
+def _render(plan: dict[str, Any]) -> None:
     stdout.print("[bold]Add to the SGLang launch command:[/]")
     # Plain, unwrapped text: the flags must copy-paste exactly.
     print(plan["command_line"], flush=True)

@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from hicache_ops.errors import UnreachableError
 from hicache_ops.mooncake.admin import AdminClient
@@ -124,7 +125,7 @@ class L3Health:
     def down(self) -> bool:
         return self.state == DOWN
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "state": self.state,

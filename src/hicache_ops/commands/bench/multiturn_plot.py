@@ -3,11 +3,14 @@ each configuration's predicted and seen cliff marked (src/hicache_ops/commands/b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.commands.bench.multiturn import MultiturnResult
 from hicache_ops.commands.bench.multiturn_workload import LABELS
 from hicache_ops.errors import SettingError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plot_hit_rates(result: MultiturnResult, path: str) -> str:
@@ -20,7 +23,7 @@ def plot_hit_rates(result: MultiturnResult, path: str) -> str:
     return path
 
 
-def hit_rate_figure(result: MultiturnResult):
+def hit_rate_figure(result: MultiturnResult) -> Figure:
     """The figure `plot_hit_rates` saves (the caller closes it)."""
     try:
         import matplotlib

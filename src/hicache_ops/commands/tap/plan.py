@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 from hicache_ops.commands.tap.backend import BACKEND_NAME, CLASS_NAME, MODULE_PATH
 from hicache_ops.commands.tap.recording import (
@@ -47,13 +48,13 @@ def check_recording_path(path: str) -> None:
 
 
 def launch_plan(
-    extra_config: Mapping | None = None,
+    extra_config: Mapping[str, Any] | None = None,
     *,
     path: str | None = None,
     tp_size: int = 1,
     pp_size: int = 1,
     objects: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """The SGLang flags that load the tap, the merged extra-config and where each rank records."""
     for setting, size in (("tp_size", tp_size), ("pp_size", pp_size)):
         if size < 1:
