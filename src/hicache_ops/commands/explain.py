@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
+from hicache_ops.commands.inspect.key_listing import KeyReport, expected_keys
 from hicache_ops.commands.inspect.live_diff import LiveDiff, live_diff
 from hicache_ops.errors import InputError, UnreachableError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.results import Result
+from hicache_ops.sglang.page_keys import Deployment
 
 
 class TierSplit(Result):

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from hicache_ops import interrupt
-from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
+from hicache_ops.commands.inspect.key_listing import KeyReport, expected_keys
 from hicache_ops.errors import HicacheError, InputError, SettingError, UnreachableError, transport_reason
 from hicache_ops.results import Result
 from hicache_ops.server.side_pools import check_side_pools, side_pools_of_serve
 from hicache_ops.sglang.deployment import DeploymentSettings
 from hicache_ops.sglang.hit_policy import read_pages
+from hicache_ops.sglang.page_keys import Deployment
 from hicache_ops.sglang.side_pool_specs import PoolSpec
 from hicache_ops.tokens import Prompt
 

@@ -63,7 +63,7 @@ def _error(status: int, err: HicacheError) -> JSONResponse:
 
 def create_app(runtime: Runtime) -> FastAPI:
     app = FastAPI(title="hicache serve", version="1")
-    cache = runtime.cache
+    cache = runtime.running_cache
 
     @app.middleware("http")
     async def _namespace_markers(request: Request, call_next):

@@ -14,8 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from hicache_ops.errors import HicacheError
+
+if TYPE_CHECKING:
+    from hicache_ops.mooncake.store_client import StoreClient
+
+# A request namespace: (extra_key, cache_salt), None for either when not set.
+Namespace = tuple[str | None, str | None]
 
 MARKER_PREFIX = "hicache-namespace_"
 # A marker key longer than this is not written (an extra_key comes from clients; keys stay short).
@@ -65,16 +73,16 @@ class NamespaceMarkers:
     """Writes a marker for each namespace of a serve's cache not marked yet (once each, while L3 is up)."""
 
     def __init__(self) -> None:
-        self.written: set[tuple[str | None, str | None]] = set()
+        self.written: set[Namespace] = set()
         self._lock = threading.Lock()
 
-    def publish(self, namespaces, store, l3_down: bool) -> None:
+    def publish(self, namespaces: Iterable[Namespace], store: StoreClient | None, l3_down: bool) -> None:
         if store is None or l3_down:
             return
         with self._lock:
             self._publish(namespaces, store)
 
-    def _publish(self, namespaces, store) -> None:
+    def _publish(self, namespaces: Iterable[Namespace], store: StoreClient) -> None:
         for ns in list(namespaces):
             if ns in self.written:
                 continue

@@ -13,7 +13,7 @@ import os
 import socket
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.engine.builder import EngineSpec, build_bytes
 from hicache_ops.errors import InputError
@@ -24,6 +24,9 @@ from hicache_ops.tokens import Tokenizer
 
 if TYPE_CHECKING:
     from hicache_ops.engine.cache import TieredCache
+    from hicache_ops.mooncake.master import EmbeddedMaster
+    from hicache_ops.mooncake.store_client import StoreClient
+    from hicache_ops.server.l3_health import L3Health
 
 DEFAULT_PORT = 18080
 DEFAULT_SEGMENT_BYTES = 256 * 2**20
@@ -138,10 +141,10 @@ class Runtime:
     tokenizer_path: str | None = None
     tokenizer: Tokenizer | None = None
     api_counters: ApiCounters = field(default_factory=ApiCounters)
-    master: object | None = None
-    store: object | None = None
+    master: EmbeddedMaster | None = None
+    store: StoreClient | None = None
     cache: TieredCache | None = None
-    l3_health: object | None = None
+    l3_health: L3Health | None = None
     started: dict = field(default_factory=dict)
     namespace_markers: NamespaceMarkers = field(default_factory=NamespaceMarkers)
 
@@ -152,6 +155,13 @@ class Runtime:
             self.stop()
             raise
         return self
+
+    @property
+    def running_cache(self) -> TieredCache:
+        """The tiered cache start() built; an error before start() or after a failed one."""
+        if self.cache is None:
+            raise RuntimeError("the serve runtime has no cache: start() has not run or failed")
+        return self.cache
 
     def _start(self) -> None:
         self.api_counters = ApiCounters()
@@ -165,6 +175,8 @@ class Runtime:
             self.master = EmbeddedMaster(log_path=log).start()
             rpc, metrics = self.master.rpc_address, self.master.metrics_address
         if self.l3.kind != "none":
+            # L3Target.parse gives a mooncake target both addresses; an embedded master has both
+            assert rpc is not None and metrics is not None
             from hicache_ops.mooncake.store_client import StoreClient
             from hicache_ops.server.l3_health import L3Health
 
@@ -180,11 +192,15 @@ class Runtime:
 
             self.l3_health = L3Health(metrics, on_change=on_change)
             if self.master is not None:
-                master, health = self.master, self.l3_health
-                master.on_exit(lambda code: health.master_exited(master.pid, code, expected=self.master is None))
+                master, health, pid = self.master, self.l3_health, self.master.pid
+                assert pid is not None  # a started master has a process
+                master.on_exit(lambda code: health.master_exited(pid, code, expected=self.master is None))
             self.l3_health.start()
+        from hicache_ops.engine.bytes_plane import MooncakeL3
+
         self.cache = build_bytes(self.spec, self.store)
-        if self.l3_latency_s and self.cache.l3 is not None:
+        # build_bytes gives the cache an L3 only with a store, and then a MooncakeL3
+        if self.l3_latency_s and isinstance(self.cache.l3, MooncakeL3):
             self.cache.l3.extra_latency_s = self.l3_latency_s
         self.started = {"rpc_address": rpc, "metrics_address": metrics}
 
@@ -264,7 +280,11 @@ class Runtime:
     # -- what the API reports -------------------------------------------------------------------
 
     def describe(self) -> dict:
-        cache = self.cache
+        from hicache_ops.engine.bytes_plane import BytesPlane
+
+        cache = self.running_cache
+        plane = cache.plane
+        assert isinstance(plane, BytesPlane)  # build_bytes builds the real-bytes plane
         host = self.spec.host_layout(mooncake=self.store is not None)
         return {
             "geometry": self.spec.geometry.view().model_dump(mode="json"),
@@ -272,7 +292,7 @@ class Runtime:
             "tp_size": self.spec.tp_size,
             "dcp_size": self.spec.dcp_size,
             "rank_page_size": self.spec.rank_page_size,  # tokens of a page one rank holds (DCP splits it)
-            "rank_devices": [str(r.device_k.device) for r in cache.plane.ranks],
+            "rank_devices": [str(r.device_k.device) for r in plane.ranks],
             "device_pages": cache.config.device_pages,
             "host_pages": cache.config.host_pages,
             "host_layout": host.layout,
@@ -310,7 +330,7 @@ class Runtime:
             "master_rpc_address": self.started.get("rpc_address"),
             "master_metrics_address": self.started.get("metrics_address"),
             "master_pid": getattr(self.master, "pid", None),
-            "master_log": str(self.master.log_path) if self.master is not None else None,
+            "master_log": self.master_log_path,
             "local_hostname": self.local_hostname,
             "local_hostname_source": self.local_hostname_source,
             "segment": self.store.hostname if self.store is not None else None,
@@ -320,7 +340,7 @@ class Runtime:
     def stats(self) -> dict:
         from dataclasses import asdict
 
-        cache = self.cache
+        cache = self.running_cache
         with cache.lock:
             return {
                 "config": self.describe(),
@@ -330,11 +350,12 @@ class Runtime:
                 "namespaces": [{"extra_key": e, "cache_salt": c} for e, c in cache.namespaces],
             }
 
-    def layout_report(self) -> dict:
+    def layout_report(self) -> dict[str, Any]:
         from hicache_ops.commands.inspect.layout import inspect_layout
+        from hicache_ops.results import json_data
 
         spec = self.spec
-        return inspect_layout(
+        report = inspect_layout(
             # one rank's pools: under DCP a rank holds 1/dcp_size of every page
             spec.geometry,
             layout=spec.layout,
@@ -348,7 +369,8 @@ class Runtime:
             pages=[0],
             sglang_version=spec.sglang_version,
             mooncake=self.store is not None,
-        ).to_json()
+        )
+        return json_data(report.result())
 
     def trace(
         self, kind: str, tokens: list[int], extra_key, cache_salt, *, flush: bool = False, observe: bool = False
@@ -360,18 +382,18 @@ class Runtime:
         from hicache_ops.commands.trace.steps import trace_read, trace_write
 
         if flush:
-            self.cache.flush()
+            self.running_cache.flush()
         run = TraceRun(kind, None, scenario={"serve": self.describe(), "flushed": flush, "read_only": observe})
         if kind == "write":
             write = observe_write if observe else trace_write
-            run.steps = write(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
+            run.steps = write(self.running_cache, tokens, extra_key=extra_key, cache_salt=cache_salt)
         else:
             metrics = self.started.get("metrics_address")
             diagnose = (
                 (lambda: diagnosis_causes(tokens, self.spec, metrics, extra_key, cache_salt)) if metrics else None
             )
             read = observe_read if observe else trace_read
-            run.steps = read(self.cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
+            run.steps = read(self.running_cache, tokens, extra_key=extra_key, cache_salt=cache_salt, diagnose=diagnose)
         from hicache_ops.results import json_data
 
         return json_data(run.result())

@@ -4,17 +4,18 @@ client command (warm, prefetch) name the same pools (docs/side-pools.md#side-obj
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.side_pool_specs import PoolSpec, parse_pool, side_pools_for
 
 
-def side_pools_of_serve(config: dict) -> tuple[PoolSpec, ...]:
+def side_pools_of_serve(config: dict[str, Any]) -> tuple[PoolSpec, ...]:
     """The side pools a serve instance writes (from its /v1/stats config)."""
     return tuple(parse_pool(p["spec"]) for p in config.get("side_pools", ()))
 
 
-def check_side_pools(config: dict, pool_texts: Sequence[str] = (), pool_preset: str | None = None) -> None:
+def check_side_pools(config: dict[str, Any], pool_texts: Sequence[str] = (), pool_preset: str | None = None) -> None:
     """`--pool`/`--pool-preset` given with a serve must name the serve's own side pools."""
     if not pool_texts and pool_preset is None:
         return

@@ -107,7 +107,14 @@ def kernels(
     The geometry is one rank's slice (--heads per rank); the best of --repeats counts.
     """
     with reporting(json_output):
-        if tokens < page_size or page_size <= 0 or repeats <= 0 or min(layers, heads, head_dim, kv_cache_dim) <= 0:
+        if (
+            layers is None
+            or head_dim is None
+            or tokens < page_size
+            or page_size <= 0
+            or repeats <= 0
+            or min(layers, heads, head_dim, kv_cache_dim) <= 0
+        ):
             raise InputError(
                 "--tokens must hold at least one page, and --page-size, --repeats and the geometry must be > 0."
             )

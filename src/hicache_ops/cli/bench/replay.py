@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -55,7 +55,7 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n, "binary")
 
 
-def _render(data: dict, stopped_by: str | None = None) -> None:
+def _render(data: dict[str, Any], stopped_by: str | None = None) -> None:
     from rich.table import Table
 
     if data["interrupted"]:  # the verdict first: what the figures below cover
@@ -124,7 +124,7 @@ def _render(data: dict, stopped_by: str | None = None) -> None:
         stdout.print(f"plot: {data['plot']}")
 
 
-def _render_sweep(data: dict) -> None:
+def _render_sweep(data: dict[str, Any]) -> None:
     from rich.table import Table
 
     points = data["points"]

@@ -10,7 +10,7 @@ An option a command does not have takes the dataclass's default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from hicache_ops.cli.common.options import value_of
 from hicache_ops.cli.common.output import PROVENANCE, json_data
 from hicache_ops.sglang.deployment import CacheSizing, DeploymentSettings, L3Address, Policies
 from hicache_ops.sglang.page_keys import Deployment
+
+if TYPE_CHECKING:
+    from hicache_ops.sglang.side_pool_specs import PoolSpec
 
 # ctx.meta key under which --sglang-url leaves the JSON fields about the server it read.
 
@@ -80,7 +83,7 @@ def deployment_settings(ctx: typer.Context, *, mla: bool | None = None) -> Deplo
     return DeploymentSettings(topology, sizing, policies, l3, provenance).validate()
 
 
-def side_pools(ctx: typer.Context, settings: DeploymentSettings) -> tuple:
+def side_pools(ctx: typer.Context, settings: DeploymentSettings) -> tuple[PoolSpec, ...]:
     """The side pools --pool / --pool-preset give this deployment (its version, attention kind and page)."""
     from hicache_ops.sglang.side_pool_specs import side_pools_for
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,7 +36,7 @@ def _binary(n: float) -> str:
     return format_bytes(n, "binary")
 
 
-def _render(data: dict) -> None:
+def _render(data: dict[str, Any]) -> None:
     health = data["health"]
     state = "ready" if data["ready"] else "NOT READY"
     stdout.print(
@@ -109,7 +109,7 @@ def _render(data: dict) -> None:
         stderr.print(f"[dim]note:[/] lists cut at --limit {data['limit']}; counts are complete.")
 
 
-def _render_server_pools(data: dict) -> None:
+def _render_server_pools(data: dict[str, Any]) -> None:
     if data["server_pools"] is None:
         stderr.print(f"[yellow]note:[/] {data['l3_layout_note']}", highlight=False)
         return

@@ -3,9 +3,14 @@ each configuration's predicted and seen cliff marked (src/hicache_ops/commands/b
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hicache_ops.commands.bench.multiturn import MultiturnResult
 from hicache_ops.commands.bench.multiturn_workload import LABELS
 from hicache_ops.errors import SettingError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def plot_hit_rates(result: MultiturnResult, path: str) -> str:
@@ -18,7 +23,7 @@ def plot_hit_rates(result: MultiturnResult, path: str) -> str:
     return path
 
 
-def hit_rate_figure(result: MultiturnResult):
+def hit_rate_figure(result: MultiturnResult) -> Figure:
     """The figure `plot_hit_rates` saves (the caller closes it)."""
     try:
         import matplotlib
@@ -46,7 +51,7 @@ def hit_rate_figure(result: MultiturnResult):
         zorder=1,
     )
     # Colour, dash pattern, marker and width all differ, so coinciding curves still tell apart.
-    styles = {
+    styles: dict[str, dict[str, Any]] = {
         "l1": {"color": "tab:red", "linestyle": "-", "marker": "o", "linewidth": 2.4},
         "l1_l2": {"color": "tab:orange", "linestyle": (0, (6, 3)), "marker": "s", "linewidth": 1.9},
         "l1_l2_l3": {"color": "tab:blue", "linestyle": (0, (2, 2)), "marker": "^", "linewidth": 1.4},

@@ -42,7 +42,9 @@ def page_ids(request: TraceRequest, page_size: int) -> list:
     """Whole-page identities of a request (the tree's keys, or an exact stand-in for them)."""
     if request.hash_ids is not None:
         return mooncake_page_ids(request, page_size).tolist()
-    return page_keys(request.input_ids, page_size, V0_5_23, extra_key=request.extra_key, cache_salt=request.cache_salt)
+    return page_keys(
+        request.token_ids(), page_size, V0_5_23, extra_key=request.extra_key, cache_salt=request.cache_salt
+    )
 
 
 def block_ids(request: TraceRequest) -> list:
@@ -50,7 +52,7 @@ def block_ids(request: TraceRequest) -> list:
     if request.hash_ids is not None:
         return request.hash_ids
     return page_keys(
-        request.input_ids,
+        request.token_ids(),
         MOONCAKE_BLOCK_TOKENS,
         V0_5_23,
         extra_key=request.extra_key,

@@ -4,6 +4,8 @@ unbounded marks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hicache_ops.commands.bench.replay import TIER_LABELS, TIERS
 from hicache_ops.errors import SettingError
 
@@ -17,7 +19,7 @@ def readable_tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
-def plot_sweep(data: dict, path: str) -> str:
+def plot_sweep(data: dict[str, Any], path: str) -> str:
     """Hit rate against the swept tier's capacity: all tiers together, each tier's share, the
     block LRU at the same capacity, and the unbounded marks (Figure 9 of the FAST'25 paper)."""
     try:

@@ -45,6 +45,18 @@ class TraceRequest:
     extra_key: str | None = None
     cache_salt: str | None = None
 
+    def block_ids(self) -> list[int]:
+        """The block ids of a mooncake-format request (its parser sets them on every line)."""
+        if self.hash_ids is None:
+            raise ValueError(f"trace line {self.line} is in the tokens format: it has no hash_ids")
+        return self.hash_ids
+
+    def token_ids(self) -> np.ndarray:
+        """The prompt tokens of a tokens-format request (its parser sets them on every line)."""
+        if self.input_ids is None:
+            raise ValueError(f"trace line {self.line} is in the mooncake format: it has no input_ids")
+        return self.input_ids
+
 
 @dataclass
 class Trace:
@@ -225,13 +237,13 @@ class TokenSource:
         self.format = trace.format
         if trace.format != "mooncake":
             return
-        ids = np.fromiter((i for r in trace.requests for i in r.hash_ids), dtype=np.int64)
+        ids = np.fromiter((i for r in trace.requests for i in r.block_ids()), dtype=np.int64)
         distinct, rows = np.unique(ids, return_inverse=True)
         self._table = block_tokens(distinct)
         self._rows: dict[int, np.ndarray] = {}
         start = 0
         for request in trace.requests:
-            end = start + len(request.hash_ids)
+            end = start + len(request.block_ids())
             self._rows[request.line] = rows[start:end]
             start = end
 

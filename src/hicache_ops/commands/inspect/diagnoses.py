@@ -25,18 +25,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from typing import Any
 
-from hicache_ops.commands.inspect.key_listing import Deployment
 from hicache_ops.commands.inspect.live_lookup import Lookup
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import hit_policy
-from hicache_ops.sglang.page_keys import dcp_topology, model_in_prefix
+from hicache_ops.sglang.page_keys import Deployment, dcp_topology, model_in_prefix
 from hicache_ops.sglang.versions import V0_5_14, family
 
 _leading = hit_policy.leading
 
 
-def incomplete_page(lookup: Lookup, _: list[dict]) -> list[dict]:
+def incomplete_page(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The page that ends the KV prefix holds some of its KV objects, not all."""
     at = lookup.kv_contiguous
     if at >= len(lookup.pages):
@@ -59,7 +59,7 @@ def incomplete_page(lookup: Lookup, _: list[dict]) -> list[dict]:
     ]
 
 
-def missing_ranks(lookup: Lookup, _: list[dict]) -> list[dict]:
+def missing_ranks(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Some ranks wrote every missing page and others none: a writer with another TP/PP layout."""
     missing = lookup.missing_pages
     # A DCP prefix names the tp and pp sizes, so another layout cannot share it: a missing shard is
@@ -96,7 +96,7 @@ def missing_ranks(lookup: Lookup, _: list[dict]) -> list[dict]:
     ]
 
 
-def gap(lookup: Lookup, _: list[dict]) -> list[dict]:
+def gap(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Later pages hold their KV objects but SGLang never reads past the first missing one."""
     at = lookup.kv_contiguous
     later = [i for i in range(at + 1, len(lookup.pages)) if lookup.kv_ok(i)]
@@ -114,7 +114,7 @@ def gap(lookup: Lookup, _: list[dict]) -> list[dict]:
     ]
 
 
-def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
+def side_pool_missing(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """KV present, a side pool's objects missing: one entry per pool, naming its pages."""
     out = []
     for pool in lookup.report.pools:
@@ -164,7 +164,7 @@ def side_pool_missing(lookup: Lookup, _: list[dict]) -> list[dict]:
     return out
 
 
-def other_prefix(lookup: Lookup, _: list[dict]) -> list[dict]:
+def other_prefix(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same page keys under another prefix (model name, tag, or a DCP topology)."""
     missing = lookup.missing_pages
     if not missing:
@@ -235,7 +235,7 @@ def other_prefix(lookup: Lookup, _: list[dict]) -> list[dict]:
     return out
 
 
-def other_suffixes(lookup: Lookup, _: list[dict]) -> list[dict]:
+def other_suffixes(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The same page keys and prefix with other suffixes: the other attention kind, or other ranks."""
     missing = lookup.missing_pages
     if not missing:
@@ -291,7 +291,7 @@ def other_suffixes(lookup: Lookup, _: list[dict]) -> list[dict]:
     return out
 
 
-def other_version_or_namespace(lookup: Lookup, _: list[dict]) -> list[dict]:
+def other_version_or_namespace(lookup: Lookup, _: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The objects the other SGLang version, or another extra_key / cache_salt, would write."""
     if not lookup.missing_pages:
         return []
@@ -327,7 +327,7 @@ def other_version_or_namespace(lookup: Lookup, _: list[dict]) -> list[dict]:
 _RELATED = {"other_prefix", "dcp", "mla_vs_mha", "other_rank", "other_version", "other_namespace"}
 
 
-def not_found(lookup: Lookup, so_far: list[dict]) -> list[dict]:
+def not_found(lookup: Lookup, so_far: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pages with none of their KV objects, and nothing related found anywhere."""
     absent = [i for i in lookup.missing_pages if not any(ok for _, ok in lookup.kv_present(i))]
     if not absent or any(entry["kind"] in _RELATED for entry in so_far):
@@ -371,8 +371,14 @@ def _ranges(stops: list[int]) -> str:
 
 
 def _dcp_entry(
-    prefix: str, topology: dict, count: int, found: list[str], dep: Deployment, page_keys: list[str], index: dict
-) -> dict:
+    prefix: str,
+    topology: dict[str, Any],
+    count: int,
+    found: list[str],
+    dep: Deployment,
+    page_keys: list[str],
+    index: dict[str, Any],
+) -> dict[str, Any]:
     """The diagnosis for pages a DCP deployment wrote, looked up without DCP."""
     dcp, tp = topology["dcp_size"], topology["tp_size"]
     run = None  # attention CP shards are not modelled here: no prefix computed for them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hicache_ops.errors import InputError
 from hicache_ops.sglang.page_keys import (
@@ -39,7 +40,7 @@ class KeyReport:
     key_prefix: str
     prompt_tokens: int
     trailing_tokens: int
-    ranks: list[dict]
+    ranks: list[dict[str, Any]]
     pages: list[PageRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     pools: list[PoolSpec] = field(default_factory=list)

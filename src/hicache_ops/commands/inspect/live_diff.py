@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hicache_ops.commands.inspect.diagnoses import DIAGNOSES
-from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, expected_keys
+from hicache_ops.commands.inspect.key_listing import KeyReport, expected_keys
 from hicache_ops.commands.inspect.live_lookup import Lookup
 from hicache_ops.commands.inspect.segments import unreachable_holders
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.sglang import hit_policy
 from hicache_ops.sglang.hit_policy import LoadablePrefix
+from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme
+from hicache_ops.sglang.side_pool_specs import PoolSpec
 
 
 @dataclass
@@ -33,7 +36,7 @@ class LiveDiff:
     present: list[list[bool]]
     contiguous_pages: int
     first_missing: str | None
-    diagnosis: list[dict] = field(default_factory=list)
+    diagnosis: list[dict[str, Any]] = field(default_factory=list)
     store_keys: int | None = None  # size of the key listing, when the diagnosis needed one
     kv_contiguous_pages: int | None = None  # batch_exists over the KV objects alone
     restorable_prefix_pages: list[int] | None = None  # 0.5.23 with side pools
@@ -57,7 +60,9 @@ def loadable_prefix(report: KeyReport, deployment: Deployment, present: list[lis
     ranks = []
     for scheme, rank in zip(deployment.schemes(every_rank=bool(report.pools)), report.ranks, strict=True):
 
-        def exists(pool, pages: int, scheme=scheme, rank=rank) -> list[bool]:
+        def exists(
+            pool: PoolSpec | None, pages: int, scheme: ObjectKeyScheme = scheme, rank: dict[str, Any] = rank
+        ) -> list[bool]:
             suffixes = scheme.suffixes if pool is None else rank["pools"][pool.name]
             return [all(flag_of[f"{prefix}{page_keys[i]}{s}"] for s in suffixes) for i in range(pages)]
 

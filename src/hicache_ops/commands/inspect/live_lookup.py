@@ -8,16 +8,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from hicache_ops.commands.inspect.key_listing import Deployment, KeyReport, PageRow, expected_keys
+from hicache_ops.commands.inspect.key_listing import KeyReport, PageRow, expected_keys
 from hicache_ops.commands.inspect.store_listing import pages_by_prefix
 from hicache_ops.errors import InputError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.sglang.hit_policy import LoadablePrefix
-from hicache_ops.sglang.page_keys import ObjectKeyScheme
+from hicache_ops.sglang.page_keys import Deployment, ObjectKeyScheme
 from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, V0_5_14, family
 
+# An (extra_key, cache_salt) pair; None for either: not set.
+Namespace = tuple[str | None, str | None]
+# (kind, label, deployment, page keys, detail) of one alternate naming worth searching.
+Alternate = tuple[str, str, Deployment, list[str], str]
 
-def _namespaces(version: str, extra_key, cache_salt, try_extra_keys, try_cache_salts) -> list[tuple]:
+
+def _namespaces(
+    version: str,
+    extra_key: str | None,
+    cache_salt: str | None,
+    try_extra_keys: Sequence[str],
+    try_cache_salts: Sequence[str],
+) -> list[Namespace]:
     """Other (extra_key, cache_salt) pairs worth trying; 0.5.14 ignores namespaces entirely."""
     if family(version) == V0_5_14:
         return []
@@ -26,7 +37,7 @@ def _namespaces(version: str, extra_key, cache_salt, try_extra_keys, try_cache_s
     pairs = [(e, s) for e in dict.fromkeys(extras) for s in dict.fromkeys(salts)]
     pairs.append((None, None))
     given = (extra_key, cache_salt if cache_salt != "" else None)
-    out = []
+    out: list[Namespace] = []
     for e, s in pairs:
         key = (e, s if s != "" else None)
         if key != given and key not in out:
@@ -34,7 +45,7 @@ def _namespaces(version: str, extra_key, cache_salt, try_extra_keys, try_cache_s
     return out
 
 
-def _describe_ns(pair: tuple) -> str:
+def _describe_ns(pair: Namespace) -> str:
     e, s = pair
     return f"extra_key={e!r}, cache_salt={s!r}"
 
@@ -57,7 +68,7 @@ class Lookup:
     try_extra_keys: Sequence[str] = ()
     try_cache_salts: Sequence[str] = ()
     _listing: list[str] | None = None
-    _alternates: list[tuple] | None = None
+    _alternates: list[Alternate] | None = None
 
     @property
     def pages(self) -> list[PageRow]:
@@ -95,10 +106,11 @@ class Lookup:
     def kv_suffixes(self) -> list[str]:
         return list(dict.fromkeys(s for scheme in self.schemes for s in scheme.suffixes))
 
-    def alternates(self) -> list[tuple[str, str, Deployment, list[str], str]]:
+    def alternates(self) -> list[Alternate]:
         """(kind, label, deployment, page keys, detail) of the other version and namespaces."""
         if self._alternates is None:
-            dep, out = self.deployment, []
+            dep = self.deployment
+            out: list[Alternate] = []
             self.same_naming_releases: list[str] = []  # other releases that name these objects alike
             # Releases that name this prompt's objects alike form one alternate, labelled by the
             # newest of them (0.5.17..0.5.19 write what 0.5.17 writes); the reader's own naming is none.

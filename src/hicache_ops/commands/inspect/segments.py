@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from hicache_ops.commands.lab.owners import describe, segment_owners
 from hicache_ops.errors import InputError, UnreachableError
@@ -35,7 +36,7 @@ UNREACHABLE_FIX = (
 )
 
 
-def probe_endpoint(endpoint: str, *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> dict:
+def probe_endpoint(endpoint: str, *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """{"endpoint", "loopback", "reachable", "problem", "reason"} for one HOST:PORT."""
     try:
         host, port = parse_host_port(endpoint, what="Transfer Engine endpoint")
@@ -57,7 +58,9 @@ def probe_endpoint(endpoint: str, *, master_host: str, timeout: float = PROBE_TI
     return {"endpoint": endpoint, "loopback": loopback, "reachable": reachable, "problem": problem, "reason": reason}
 
 
-def probe_endpoints(endpoints: Sequence[str], *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, dict]:
+def probe_endpoints(
+    endpoints: Sequence[str], *, master_host: str, timeout: float = PROBE_TIMEOUT_S
+) -> dict[str, dict[str, Any]]:
     unique = list(dict.fromkeys(endpoints))
     if not unique:
         return {}
@@ -66,7 +69,9 @@ def probe_endpoints(endpoints: Sequence[str], *, master_host: str, timeout: floa
         return dict(zip(unique, results, strict=True))
 
 
-def check_segments(segments: list[dict], *, master_host: str, timeout: float = PROBE_TIMEOUT_S) -> list[dict]:
+def check_segments(
+    segments: list[dict[str, Any]], *, master_host: str, timeout: float = PROBE_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Add te_reachable / endpoint_problem / endpoint_note to each segment row of inspect store, and
     for a segment with a problem the lab host owning it (host, host_candidates, host_basis; None
     and [] where no lab is up)."""
@@ -99,7 +104,9 @@ def check_segments(segments: list[dict], *, master_host: str, timeout: float = P
     return segments
 
 
-def unreachable_holders(admin: AdminClient, keys: Sequence[str], *, timeout: float = PROBE_TIMEOUT_S) -> list[dict]:
+def unreachable_holders(
+    admin: AdminClient, keys: Sequence[str], *, timeout: float = PROBE_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Live-diff entries for present objects whose every replica sits on a segment this host cannot reach.
 
     Locates at most SAMPLED_OBJECTS of `keys` (the objects SGLang would read first) in one

@@ -21,6 +21,7 @@ import heapq
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from hicache_ops.commands.inspect.segments import check_segments
 from hicache_ops.errors import SettingError
@@ -85,7 +86,7 @@ def _split_side_key(key: str, parts: list[str]) -> tuple[str, str, str, str, str
     return None
 
 
-def _split_any(key: str) -> tuple | None:
+def _split_any(key: str) -> tuple[str, ...] | None:
     """A KV split (prefix, page key, rank, k|v) or a side-pool split (..., component, pool)."""
     parts = key.split("_")
     if len(parts) >= 3 and (parts[-1] not in ("k", "v") or parts[-2] in ("draft", "swa")):
@@ -137,10 +138,10 @@ class PrefixGroup:
     prefix: str
     objects: int = 0
     pages: dict[str, set[str]] = field(default_factory=dict)  # page key -> suffixes present
-    suffix_counts: Counter = field(default_factory=Counter)
+    suffix_counts: Counter[str] = field(default_factory=Counter)
     pools: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # pool -> page key -> suffixes
 
-    def pool_summaries(self, limit: int) -> list[dict]:
+    def pool_summaries(self, limit: int) -> list[dict[str, Any]]:
         """Per side pool: its suffixes, pages complete (every suffix the pool shows in this group), the
         pages it holds without KV and the KV pages it lacks entirely."""
         out = []
@@ -170,7 +171,7 @@ class PrefixGroup:
             )
         return out
 
-    def summary(self, limit: int) -> dict:
+    def summary(self, limit: int) -> dict[str, Any]:
         ranks_with_v: set[str] = set()
         ranks: set[str] = set()
         for suffix in self.suffix_counts:
@@ -184,7 +185,7 @@ class PrefixGroup:
         expected = sorted({f"_{r}_k" for r in ranks} | {f"_{r}_v" for r in ranks_with_v}, key=_suffix_order)
         want = len(expected)
         complete = kv_incomplete = 0
-        incomplete: list[dict] = []
+        incomplete: list[dict[str, Any]] = []
         for page_key, suffixes in self.pages.items():
             if len(suffixes) == want:  # every suffix seen is an expected one
                 complete += 1
@@ -221,7 +222,7 @@ class PrefixGroup:
         }
 
 
-def _dcp_shards(topology: dict) -> set[str]:
+def _dcp_shards(topology: dict[str, Any]) -> set[str]:
     """The rank parts of every object a DCP deployment writes per page: one per DCP/CP shard and stage."""
     pp = topology["pp_size"]
     return {
@@ -232,13 +233,13 @@ def _dcp_shards(topology: dict) -> set[str]:
     }
 
 
-def _suffix_order(suffix: str) -> tuple:
+def _suffix_order(suffix: str) -> tuple[int, list[str], str]:
     rank = suffix[1:-2]
     parts = tuple(int(p) if p.isdigit() else p for p in rank.split("_")) if rank else ()
     return (len(parts), [str(p).zfill(8) for p in parts], suffix[-1])
 
 
-def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int = 20) -> dict:
+def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int = 20) -> dict[str, Any]:
     """Group object keys by SGLang prefix; warm-up and other keys counted apart."""
     groups: dict[str, PrefixGroup] = {}
     warmup = unified = 0
@@ -287,7 +288,7 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
     }
 
 
-def _segment_row(seg: dict) -> dict:
+def _segment_row(seg: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": seg.get("segment_name"),
         "protocol": seg.get("protocol"),
@@ -299,7 +300,7 @@ def _segment_row(seg: dict) -> dict:
     }
 
 
-def served_pools(keys: list[str], layout: L3Layout, limit: int = 20) -> dict:
+def served_pools(keys: list[str], layout: L3Layout, limit: int = 20) -> dict[str, Any]:
     """The pools of a server's enabled L3 layout, checked against a key listing.
 
     Under the layout's key prefix, per pool (KV first): the pages holding any of its objects, those
@@ -356,7 +357,7 @@ def _server_layout(url: str, timeout: float) -> tuple[L3Layout | None, str | Non
 
 def inspect_store(
     master: str, *, prefix: str | None = None, limit: int = 20, timeout: float = 3.0, sglang_url: str | None = None
-) -> dict:
+) -> dict[str, Any]:
     """Health, segments, key counts and SGLang key groups of the master at HOST:METRICS_PORT.
 
     With `sglang_url`, the pools of that server's L3 layout (docs/side-pools.md#l3-layout-endpoint)

@@ -48,7 +48,7 @@ def start_time(pid: int) -> str | None:
 def alive(record: Record | None) -> bool:
     if not record:
         return False
-    return start_time(record["pid"]) == record["start_time"]
+    return bool(start_time(record["pid"]) == record["start_time"])
 
 
 def present(record: Record | None) -> bool:

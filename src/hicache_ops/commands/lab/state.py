@@ -28,7 +28,7 @@ DEFAULT_RUN_DIR = "/run/hicache-lab"
 STATE_FILE = "lab.json"
 
 
-def run_dir(path: str | os.PathLike | None = None) -> Path:
+def run_dir(path: str | os.PathLike[str] | None = None) -> Path:
     return Path(path or os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
 
 
@@ -136,7 +136,7 @@ def subnets_in_use() -> list[str]:
     return subnets
 
 
-def lab_to_stop(path: str | os.PathLike | None) -> Path:
+def lab_to_stop(path: str | os.PathLike[str] | None) -> Path:
     """The folder `lab down` works on: the one given (--run-dir, else $HICACHE_LAB_DIR); without
     either, the only lab up on this machine, or the default folder when none is. Several labs up
     and none named: InputError listing them, so a bare `down` never stops someone else's lab."""
@@ -165,6 +165,6 @@ def no_lab_error(folder: Path) -> InputError:
     return InputError(f"no lab is up (no state in {folder}).", hint="Start one with `hicache lab up --hosts 3`.")
 
 
-def run_dir_flag(folder: str | os.PathLike) -> str:
+def run_dir_flag(folder: str | os.PathLike[str]) -> str:
     """ " --run-dir DIR" when `folder` is not the one commands use without the option, else ""."""
     return "" if Path(folder) == run_dir(None) else f" --run-dir {folder}"

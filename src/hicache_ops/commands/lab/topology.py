@@ -76,7 +76,7 @@ def bridge_address(subnet: str) -> str:
     return str(ipaddress.ip_network(subnet)[254])
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run `ip ARGS` (bounded); raise InputError with ip's own message when `check` and it fails."""
     try:
         proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=IP_TIMEOUT_S)

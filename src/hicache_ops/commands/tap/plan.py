@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.commands.tap.backend import BACKEND_NAME, CLASS_NAME, MODULE_PATH
 from hicache_ops.commands.tap.recording import (
@@ -51,7 +51,7 @@ def check_recording_path(path: str) -> None:
 
 
 def launch_plan(
-    extra_config: Mapping | None = None,
+    extra_config: Mapping[str, Any] | None = None,
     *,
     path: str | None = None,
     tp_size: int = 1,
@@ -71,12 +71,13 @@ def launch_plan(
             "allocator only to --hicache-storage-backend mooncake, and MooncakeStore refuses any other.",
             hint="Record with standalone_storage false (an embedded client per rank), or drop the tap.",
         )
-    tap = {
+    recording = os.path.abspath(os.path.expanduser(path)) if path else default_path()
+    tap: dict[str, object] = {
         "backend_name": BACKEND_NAME,
         "module_path": MODULE_PATH,
         "class_name": CLASS_NAME,
         "interface_v1": 1,
-        PATH_KEY: os.path.abspath(os.path.expanduser(path)) if path else default_path(),
+        PATH_KEY: recording,
     }
     if not objects:
         tap[OBJECTS_KEY] = False
@@ -91,11 +92,10 @@ def launch_plan(
         "--hicache-storage-backend-extra-config",
         config_json,
     ]
-    base = tap[PATH_KEY]
     files = []
     for pp in range(pp_size):
         for tp in range(tp_size):
-            files.append(with_suffix(base, rank_suffix(tp, tp_size, pp, pp_size)))
+            files.append(with_suffix(recording, rank_suffix(tp, tp_size, pp, pp_size)))
     notes = [
         "interface_v1 is required: without it SGLang's controller calls the deprecated batch_get/batch_set, "
         "which MooncakeStore does not serve.",
@@ -127,7 +127,7 @@ def launch_plan(
         kept_keys=kept,
         replaced_keys=replaced,
         tap_keys=[k for k in tap],
-        recording=TapRecording(path=base, env=PATH_ENV, per_rank=tp_size * pp_size > 1, files=files),
+        recording=TapRecording(path=recording, env=PATH_ENV, per_rank=tp_size * pp_size > 1, files=files),
         show="hicache trace show " + " ".join(shlex.quote(f) for f in files),
         notes=notes,
     )

@@ -132,6 +132,7 @@ def live_check(
                 env=child_env,
                 close_fds=True,
             )
+        key = key_prefix + "from_rank"
         params = {
             "master": master,
             "engine_protocol": engine_protocol,
@@ -139,7 +140,7 @@ def live_check(
             "store_protocol": store_protocol,
             "store_device": store_device,
             "segment": LIVE_SEGMENT,
-            "key": key_prefix + "from_rank",
+            "key": key,
             "size": LIVE_OBJECT,
         }
         _send(child, {"op": "start", **params})
@@ -156,12 +157,12 @@ def live_check(
         transfers = []
         step = "reading the rank's object through its shared engine"
         t0 = time.monotonic()
-        data = peer.get(params["key"])
+        data = peer.get(key)
         ok = hashlib.sha256(data).hexdigest() == ready["digest"]
         transfers.append(
             {
                 "direction": "rank segment -> peer (read served by the shared engine)",
-                "key": params["key"],
+                "key": key,
                 "bytes": len(data),
                 "ok": ok,
                 "seconds": round(time.monotonic() - t0, 4),

@@ -26,8 +26,8 @@ def side_pool_cut(l3, keys: list[str], found) -> dict | None:
             missing = [(i, o["key"]) for i in needed for o in pages[pool.name][i] if not o["present"]]
             if missing:
                 if trailing is None:
-                    first = missing[0][0]
-                    missing = [m for m in missing if m[0] == first]
+                    first_page = missing[0][0]
+                    missing = [m for m in missing if m[0] == first_page]
                 blocking.append(
                     {
                         "pool": pool.name,

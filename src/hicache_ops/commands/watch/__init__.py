@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hicache_ops.commands.watch.figures import instance_figures, master_figures
 from hicache_ops.commands.watch.sampler import Sampler
 from hicache_ops.commands.watch.verdicts import all_verdicts
 
 
-def report(sampler: Sampler, sglang_version: str | None = None) -> dict:
+def report(sampler: Sampler, sglang_version: str | None = None) -> dict[str, Any]:
     """The report of the sampler's current windows: verdicts first."""
     instances = [instance_figures(t, sglang_version) for t in sampler.sglang]
     master = master_figures(sampler.master) if sampler.master is not None else None
