@@ -342,7 +342,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                 self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
                 anchor = on_device[-1] if on_device else tree.root
                 walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, pos, pages)
-                self.device.give_many(unused)
+                if unused:
+                    self.device.give_many(unused)
                 counted += walked if self._counts_revived else resident
                 if walked:
                     tree.lock([walked[-1]])
@@ -380,7 +381,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         s.storage_hit += result.storage_hit
         s.computed += result.computed
         s.mismatched_pages += result.mismatched_pages
-        if not hold_tail:
+        if tail and not hold_tail:
             self.device.give_many(tail)
         return result, held, (tree_keys, storage_keys), tail
 

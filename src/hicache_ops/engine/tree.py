@@ -133,8 +133,10 @@ def _common_pages(run: list[str], keys: list[str], start: int) -> int:
 
 EVICTION_PRIORITY: dict[str, Callable[[Node], tuple[Any, ...]]] = {
     # docs/controller.md#eviction-policies; the node id breaks ties the same way every run.
-    "lru": lambda node: (node.last_access, node.id),
-    "lfu": lambda node: (node.hit_count, node.last_access, node.id),
+    # A heap entry: the priority's fields, then the node (never compared: ids are unique). Flat,
+    # so the heap compares plain ints rather than a nested tuple.
+    "lru": lambda node: (node.last_access, node.id, node),
+    "lfu": lambda node: (node.hit_count, node.last_access, node.id, node),
 }
 
 
@@ -150,12 +152,12 @@ class RadixTree:
         self.root.lock_ref = 1  # never evicted
         self.device_leaves: set[Node] = set()
         self.host_leaves: set[Node] = set()
-        # Lazy heaps over the candidate sets, kept across eviction calls: (priority, node) pushed
+        # Lazy heaps over the candidate sets, kept across eviction calls: (*priority, node) pushed
         # when a node becomes a candidate. A node's priority only grows (stamps and hit counts
         # increase), so an entry is at most its node's priority: a popped entry that is stale is
         # pushed again with the current one, and one whose node left the set is dropped.
-        self._device_heap: list[tuple[tuple[Any, ...], Node]] = []
-        self._host_heap: list[tuple[tuple[Any, ...], Node]] = []
+        self._device_heap: list[tuple[Any, ...]] = []
+        self._host_heap: list[tuple[Any, ...]] = []
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
         self.duplicates: dict[int, Node] = {}
         # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
@@ -176,7 +178,7 @@ class RadixTree:
                 leaves.discard(node)
             elif node not in leaves:
                 leaves.add(node)
-                heappush(self._device_heap, (self.priority(node), node))
+                heappush(self._device_heap, self.priority(node))
             return
         self.device_leaves.discard(node)
         leaves = self.host_leaves
@@ -189,7 +191,7 @@ class RadixTree:
             leaves.discard(node)
         elif node not in leaves:
             leaves.add(node)
-            heappush(self._host_heap, (self.priority(node), node))
+            heappush(self._host_heap, self.priority(node))
 
     def touch(self, nodes: list[Node]) -> None:
         """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
@@ -411,19 +413,20 @@ class RadixTree:
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
 
-    def _pop_candidate(self, heap: list[tuple[tuple[Any, ...], Node]], members: set[Node]) -> Node | None:
+    def _pop_candidate(self, heap: list[tuple[Any, ...]], members: set[Node]) -> Node | None:
         """The candidate of `members` first in policy order, off `heap` (lazy: see __init__)."""
         priority = self.priority
         if len(heap) > 2 * len(members) + 64:  # mostly dead entries: rebuild
-            heap[:] = [(priority(n), n) for n in members]
+            heap[:] = [priority(n) for n in members]
             heapify(heap)
         while heap:
-            key, node = heappop(heap)
+            entry = heappop(heap)
+            node = entry[-1]
             if node not in members:
                 continue
             now = priority(node)
-            if now != key:
-                heappush(heap, (now, node))
+            if now != entry:
+                heappush(heap, now)
                 continue
             return node
         return None
@@ -463,7 +466,7 @@ class RadixTree:
         finally:
             for node in passed_over:
                 if node in leaves:
-                    heappush(heap, (self.priority(node), node))
+                    heappush(heap, self.priority(node))
         return evicted, dropped
 
     def reclaim_host_duplicates(self, pages: int, freed: list[int]) -> int:
@@ -487,13 +490,24 @@ class RadixTree:
         freed; each leaves the tree. Returns (nodes evicted, pages dropped)."""
         start = len(freed)
         evicted = dropped = 0
+        heap, leaves = self._host_heap, self.host_leaves
         while len(freed) - start < pages:
-            node = self._pop_candidate(self._host_heap, self.host_leaves)
+            node = self._pop_candidate(heap, leaves)
             if node is None:
                 break
-            freed.extend(self._drop_host(node))
+            # _drop_host then _delete, fused: a host leaf is off the device, and the parent's
+            # candidacy is settled once, on its final state (what the two refreshes end with).
+            host, node.host = node.host, None
+            assert host is not None  # a host leaf has its copy
+            freed.extend(host)
+            parent = node.parent
+            parent.host_children -= 1
+            del parent.children[node.keys[0]]
+            self.device_leaves.discard(node)
+            leaves.discard(node)
+            self.duplicates.pop(node.id, None)
+            self._refresh(parent)
             dropped += len(node.keys)
-            self._delete(node)
             evicted += 1
         return evicted, dropped
 
