@@ -23,6 +23,10 @@ from typing import Any, cast
 
 from hicache_ops.sglang.versions import V0_5_14
 
+# Node.heaped bits: which of the tree's lazy eviction heaps hold an entry for the node.
+DEVICE_HEAP = 1
+HOST_HEAP = 2
+
 
 class Node:
     __slots__ = (
@@ -41,6 +45,7 @@ class Node:
         "host_ref",
         "device_children",
         "host_children",
+        "heaped",
     )
 
     def __init__(self, node_id: int, keys: list[str], storage_keys: list[str], depth: int, parent: Node | None):
@@ -61,6 +66,8 @@ class Node:
         self.host_ref = 0  # transfers in flight reading the node's host pages
         self.device_children = 0
         self.host_children = 0
+        # Bits: the node has an entry in the tree's device heap (1), host heap (2); at most one each.
+        self.heaped = 0
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
@@ -155,7 +162,9 @@ class RadixTree:
         # Lazy heaps over the candidate sets, kept across eviction calls: (*priority, node) pushed
         # when a node becomes a candidate. A node's priority only grows (stamps and hit counts
         # increase), so an entry is at most its node's priority: a popped entry that is stale is
-        # pushed again with the current one, and one whose node left the set is dropped.
+        # pushed again with the current one, and one whose node left the set is dropped. A node has
+        # at most one entry per heap (Node.heaped): one left behind when it leaves a set still
+        # serves when it rejoins. Either way the pop is the member first in policy order.
         self._device_heap: list[tuple[Any, ...]] = []
         self._host_heap: list[tuple[Any, ...]] = []
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
@@ -178,7 +187,9 @@ class RadixTree:
                 leaves.discard(node)
             elif node not in leaves:
                 leaves.add(node)
-                heappush(self._device_heap, self.priority(node))
+                if not node.heaped & DEVICE_HEAP:
+                    node.heaped |= DEVICE_HEAP
+                    heappush(self._device_heap, self.priority(node))
             return
         self.device_leaves.discard(node)
         leaves = self.host_leaves
@@ -191,7 +202,9 @@ class RadixTree:
             leaves.discard(node)
         elif node not in leaves:
             leaves.add(node)
-            heappush(self._host_heap, self.priority(node))
+            if not node.heaped & HOST_HEAP:
+                node.heaped |= HOST_HEAP
+                heappush(self._host_heap, self.priority(node))
 
     def touch(self, nodes: list[Node]) -> None:
         """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
@@ -413,21 +426,28 @@ class RadixTree:
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
 
-    def _pop_candidate(self, heap: list[tuple[Any, ...]], members: set[Node]) -> Node | None:
-        """The candidate of `members` first in policy order, off `heap` (lazy: see __init__)."""
+    def _pop_candidate(self, heap: list[tuple[Any, ...]], members: set[Node], bit: int) -> Node | None:
+        """The candidate of `members` first in policy order, off `heap` (lazy: see __init__); `bit`
+        is the heap's Node.heaped bit. The node returned has no entry left."""
         priority = self.priority
         if len(heap) > 2 * len(members) + 64:  # mostly dead entries: rebuild
+            for entry in heap:
+                entry[-1].heaped &= ~bit
             heap[:] = [priority(n) for n in members]
             heapify(heap)
+            for node in members:
+                node.heaped |= bit
         while heap:
             entry = heappop(heap)
             node = entry[-1]
             if node not in members:
+                node.heaped &= ~bit
                 continue
             now = priority(node)
             if now != entry:
                 heappush(heap, now)
                 continue
+            node.heaped &= ~bit
             return node
         return None
 
@@ -445,7 +465,7 @@ class RadixTree:
         passed_over: dict[Node, None] = {}  # candidates this call leaves in place: back on the heap after
         try:
             while len(freed) - start < pages:
-                node = self._pop_candidate(heap, leaves)
+                node = self._pop_candidate(heap, leaves, DEVICE_HEAP)
                 if node is None:
                     break
                 if node in passed_over:
@@ -465,7 +485,8 @@ class RadixTree:
                 evicted += 1
         finally:
             for node in passed_over:
-                if node in leaves:
+                if node in leaves and not node.heaped & DEVICE_HEAP:
+                    node.heaped |= DEVICE_HEAP
                     heappush(heap, self.priority(node))
         return evicted, dropped
 
@@ -492,7 +513,7 @@ class RadixTree:
         evicted = dropped = 0
         heap, leaves = self._host_heap, self.host_leaves
         while len(freed) - start < pages:
-            node = self._pop_candidate(heap, leaves)
+            node = self._pop_candidate(heap, leaves, HOST_HEAP)
             if node is None:
                 break
             # _drop_host then _delete, fused: a host leaf is off the device, and the parent's
