@@ -435,11 +435,11 @@ class RadixTree:
                 entry[-1].heaped &= ~bit
             heap[:] = [priority(n) for n in members]
             heapify(heap)
-            for node in members:
-                node.heaped |= bit
+            for member in members:
+                member.heaped |= bit
         while heap:
             entry = heappop(heap)
-            node = entry[-1]
+            node: Node = entry[-1]
             if node not in members:
                 node.heaped &= ~bit
                 continue
