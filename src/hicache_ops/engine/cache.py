@@ -170,7 +170,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         """
         arr, n_pages = self._check_prompt(tokens)
         with self.lock:
-            self.drain_l3_writes()
+            if self._pending_l3_writes:
+                self.drain_l3_writes()
             self._observer = observer
             try:
                 result, held, _, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
@@ -338,8 +339,10 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             else:
                 pages = []
             if pages:
-                self.plane.compute(pages, storage_keys[pos:n_pages])
-                self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
+                computed_keys = storage_keys[pos:n_pages]
+                self.plane.compute(pages, computed_keys)
+                if self._observer is not None:
+                    self._emit("compute", first_page=pos, device_pages=pages, storage_keys=computed_keys)
                 anchor = on_device[-1] if on_device else tree.root
                 walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, pos, pages)
                 if unused:

@@ -345,7 +345,8 @@ class RadixTree:
             path.append(child)
             pos += common
             node = child
-        self.touch(path)
+        if path:
+            self.touch(path)
         return path
 
     def _insert_run(
