@@ -89,7 +89,7 @@ class Backups(CacheParts):
         moved = self.plane.backup(device, host_pages)
         if moved:
             self._l3_page_bytes = moved / n
-        self.stats.bytes_d2h += moved
+            self.stats.bytes_d2h += moved
         self._last_backup_bytes += moved
         if self._observer is not None:
             self._emit(
@@ -102,7 +102,8 @@ class Backups(CacheParts):
         self.tree.set_host(node, host_pages)  # acknowledged: the copy above completed
         if self._observer is not None:
             self._emit("backup_ack", nodes=page_views([node]))
-        self._backup_to_l3(node, node.stored)
+        if self.l3 is not None:
+            self._backup_to_l3(node, node.stored)
         return n
 
     def _backup_to_l3(self, node: Node, first: int) -> None:

@@ -34,10 +34,21 @@ from hicache_ops.engine.tree import Node, RadixTree, page_views
 from hicache_ops.errors import InputError
 from hicache_ops.sglang import policy as pol
 from hicache_ops.sglang.page_keys import as_token_array, page_keys
-from hicache_ops.sglang.versions import V0_5_14, V0_5_23
+from hicache_ops.sglang.versions import V0_5_14, V0_5_23, validate_version
+
+# Token arrays whose every value is a valid id in both versions (0 .. 2**32-1).
+_NARROW_UNSIGNED = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))
 
 # How many distinct request namespaces a cache remembers (a bound: extra_key comes from clients).
 NAMESPACES_KEPT = 32
+
+
+def _pages(nodes: list[Node]) -> int:
+    """The pages of `nodes` (hot: a loop costs less than sum() over a generator)."""
+    total = 0
+    for node in nodes:
+        total += len(node.keys)
+    return total
 
 
 class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
@@ -105,6 +116,10 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         if (extra_key is not None or cache_salt) and len(self.namespaces) < NAMESPACES_KEPT:
             self.namespaces[(extra_key, cache_salt or None)] = None
         ps, version = self.config.page_size, self.config.sglang_version
+        if known is None and extra_key is None and not cache_salt:
+            # Hot: no namespace and nothing known (the same keys for the tree and L3 either version).
+            keys = page_keys(tokens, ps, V0_5_23)
+            return keys, keys
         tree_known, storage_known = known if known is not None else ([], [])
         rest = tokens[len(tree_known) * ps :]
         tree_keys = tree_known + page_keys(
@@ -121,7 +136,13 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
 
     def _check_prompt(self, tokens: Sequence[int] | np.ndarray) -> tuple[np.ndarray, int]:
         cfg = self.config
-        arr = as_token_array(tokens, cfg.sglang_version)
+        if type(tokens) is np.ndarray and tokens.ndim == 1 and tokens.dtype in _NARROW_UNSIGNED:
+            # Hot (bench replay): ids of a uint8/16/32 array are valid for every version as they
+            # are; as_token_array would only scan them for a minimum and a maximum.
+            validate_version(cfg.sglang_version)
+            arr = tokens
+        else:
+            arr = as_token_array(tokens, cfg.sglang_version)
         if arr.size == 0:
             raise InputError("the prompt is empty; send at least one token.")
         n_pages = arr.size // cfg.page_size
@@ -149,7 +170,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         """
         arr, n_pages = self._check_prompt(tokens)
         with self.lock:
-            self.drain_l3_writes()
+            if self._pending_l3_writes:
+                self.drain_l3_writes()
             self._observer = observer
             try:
                 result, held, _, _ = self._prefill(arr, n_pages, extra_key, cache_salt, with_keys, force_backup)
@@ -245,10 +267,11 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         h = d
         while h < len(path) and path[h].host is not None:
             h += 1
-        path = path[:h]
+        if h < len(path):
+            path = path[:h]
         device_nodes, host_nodes = path[:d], path[d:]
-        device_pages = sum(len(n.keys) for n in device_nodes)
-        host_pages = sum(len(n.keys) for n in host_nodes)
+        device_pages = _pages(device_nodes)
+        host_pages = _pages(host_nodes)
         if self._observer is not None:
             self._emit(
                 "match",
@@ -288,7 +311,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             if fetched:
                 tree.lock([fetched[-1]])
                 held.append(fetched[-1])
-            fetched_pages = sum(len(n.keys) for n in fetched)
+            fetched_pages = _pages(fetched)
 
             # L2 -> L1, all or nothing: a host hit shorter than the threshold is recomputed.
             on_device = list(device_nodes)
@@ -300,7 +323,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                     result.storage_hit = fetched_pages * ps
                     on_device += to_load
                 timings["load_back"] = (time.perf_counter() - t) * 1e3
-            pos = sum(len(n.keys) for n in on_device)
+            pos = _pages(on_device)
 
             # Compute the rest (host pages not loaded back included): every whole page of the
             # prompt joins the tree; trailing tokens don't.
@@ -316,11 +339,14 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             else:
                 pages = []
             if pages:
-                self.plane.compute(pages, storage_keys[pos:n_pages])
-                self._emit("compute", first_page=pos, device_pages=pages, storage_keys=storage_keys[pos:n_pages])
+                computed_keys = storage_keys[pos:n_pages]
+                self.plane.compute(pages, computed_keys)
+                if self._observer is not None:
+                    self._emit("compute", first_page=pos, device_pages=pages, storage_keys=computed_keys)
                 anchor = on_device[-1] if on_device else tree.root
                 walked, unused, resident = tree.insert_device(anchor, tree_keys, storage_keys, pos, pages)
-                self.device.give_many(unused)
+                if unused:
+                    self.device.give_many(unused)
                 counted += walked if self._counts_revived else resident
                 if walked:
                     tree.lock([walked[-1]])
@@ -329,12 +355,16 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             timings["compute"] = (time.perf_counter() - t) * 1e3
 
             t = time.perf_counter()
+            passed = on_device + walked if walked else on_device
             if count_hits:
-                result.backed_up_pages = self._count_hits_and_back_up(counted, on_device + walked, force_backup)
+                result.backed_up_pages = self._count_hits_and_back_up(counted, passed, force_backup)
             if force_backup and self.l3 is not None:
-                for node in on_device + walked:
+                for node in passed:
                     self._backup_to_l3(node, 0)  # re-put what is missing (the write skips present objects)
-            result.stored_pages = sum(min(n.stored, len(n.keys)) for n in on_device + walked)
+            stored = 0
+            for node in passed:
+                stored += min(node.stored, len(node.keys))
+            result.stored_pages = stored
             timings["backup"] = (time.perf_counter() - t) * 1e3
         except BaseException:
             tree.unlock(held)
@@ -354,7 +384,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         s.storage_hit += result.storage_hit
         s.computed += result.computed
         s.mismatched_pages += result.mismatched_pages
-        if not hold_tail:
+        if tail and not hold_tail:
             self.device.give_many(tail)
         return result, held, (tree_keys, storage_keys), tail
 

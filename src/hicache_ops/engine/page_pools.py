@@ -79,11 +79,13 @@ class PoolAllocation:
         return pages
 
     def _try_alloc_device(self, n: int) -> list[int] | None:
-        if self.device.free < n:
-            self._evict_device(n - self.device.free)
-        if self.device.free < n:
-            return None
-        return self.device.take_many(n)
+        device = self.device
+        free = len(device._free)
+        if free < n:
+            self._evict_device(n - free)
+            if len(device._free) < n:
+                return None
+        return device.take_many(n)
 
     def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None:
         """n host pages, evicting host nodes for them (as much as the version asks for a backup or
@@ -91,14 +93,17 @@ class PoolAllocation:
         None when they cannot be had."""
         if n == 0:
             return []
-        if not self.config.enable_l2:
+        cfg = self.config
+        if not cfg.enable_l2:
             return None
-        if self.host.free < n:
-            self._evict_host(pol.host_eviction_pages(self.config.sglang_version, n, self.host.free, prefetch))
-        if self.host.free >= n:
-            return self.host.take_many(n)
-        if at_least is not None and self.host.free >= at_least:
-            return self.host.take_many(self.host.free)
+        host = self.host
+        if len(host._free) >= n:  # hot: nothing to evict
+            return host.take_many(n)
+        self._evict_host(pol.host_eviction_pages(cfg.sglang_version, n, host.free, prefetch))
+        if host.free >= n:
+            return host.take_many(n)
+        if at_least is not None and host.free >= at_least:
+            return host.take_many(host.free)
         return None
 
     def _evict_device(self, n: int) -> None:
@@ -112,10 +117,11 @@ class PoolAllocation:
         try:
             nodes, dropped = self.tree.evict_device(n, write_back, freed)
         finally:
-            self.device.give_many(freed)
-            self.stats.device_evictions += len(freed)
-            self.stats.device_evicted_nodes += nodes
-            self.stats.dropped_pages += dropped
+            self.device._free.extend(freed)
+            stats = self.stats
+            stats.device_evictions += len(freed)
+            stats.device_evicted_nodes += nodes
+            stats.dropped_pages += dropped
             self._request_device_evicted += len(freed)
 
     def _evict_host(self, n: int) -> None:
@@ -125,8 +131,9 @@ class PoolAllocation:
         nodes = dropped = 0
         if len(freed) < n:
             nodes, dropped = self.tree.evict_host(n - len(freed), freed)
-        self.host.give_many(freed)
-        self.stats.host_evictions += len(freed)
-        self.stats.host_evicted_nodes += nodes
-        self.stats.dropped_pages += dropped
+        self.host._free.extend(freed)
+        stats = self.stats
+        stats.host_evictions += len(freed)
+        stats.host_evicted_nodes += nodes
+        stats.dropped_pages += dropped
         self._request_host_evicted += len(freed)

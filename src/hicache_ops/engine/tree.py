@@ -23,6 +23,10 @@ from typing import Any, cast
 
 from hicache_ops.sglang.versions import V0_5_14
 
+# Node.heaped bits: which of the tree's lazy eviction heaps hold an entry for the node.
+DEVICE_HEAP = 1
+HOST_HEAP = 2
+
 
 class Node:
     __slots__ = (
@@ -41,6 +45,7 @@ class Node:
         "host_ref",
         "device_children",
         "host_children",
+        "heaped",
     )
 
     def __init__(self, node_id: int, keys: list[str], storage_keys: list[str], depth: int, parent: Node | None):
@@ -61,6 +66,8 @@ class Node:
         self.host_ref = 0  # transfers in flight reading the node's host pages
         self.device_children = 0
         self.host_children = 0
+        # Bits: the node has an entry in the tree's device heap (1), host heap (2); at most one each.
+        self.heaped = 0
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
@@ -133,8 +140,10 @@ def _common_pages(run: list[str], keys: list[str], start: int) -> int:
 
 EVICTION_PRIORITY: dict[str, Callable[[Node], tuple[Any, ...]]] = {
     # docs/controller.md#eviction-policies; the node id breaks ties the same way every run.
-    "lru": lambda node: (node.last_access, node.id),
-    "lfu": lambda node: (node.hit_count, node.last_access, node.id),
+    # A heap entry: the priority's fields, then the node (never compared: ids are unique). Flat,
+    # so the heap compares plain ints rather than a nested tuple.
+    "lru": lambda node: (node.last_access, node.id, node),
+    "lfu": lambda node: (node.hit_count, node.last_access, node.id, node),
 }
 
 
@@ -150,12 +159,14 @@ class RadixTree:
         self.root.lock_ref = 1  # never evicted
         self.device_leaves: set[Node] = set()
         self.host_leaves: set[Node] = set()
-        # Lazy heaps over the candidate sets, kept across eviction calls: (priority, node) pushed
+        # Lazy heaps over the candidate sets, kept across eviction calls: (*priority, node) pushed
         # when a node becomes a candidate. A node's priority only grows (stamps and hit counts
         # increase), so an entry is at most its node's priority: a popped entry that is stale is
-        # pushed again with the current one, and one whose node left the set is dropped.
-        self._device_heap: list[tuple[tuple[Any, ...], Node]] = []
-        self._host_heap: list[tuple[tuple[Any, ...], Node]] = []
+        # pushed again with the current one, and one whose node left the set is dropped. A node has
+        # at most one entry per heap (Node.heaped): one left behind when it leaves a set still
+        # serves when it rejoins. Either way the pop is the member first in policy order.
+        self._device_heap: list[tuple[Any, ...]] = []
+        self._host_heap: list[tuple[Any, ...]] = []
         # Nodes with both a device and a host copy, in the order they became so (write_back reclaim).
         self.duplicates: dict[int, Node] = {}
         # Device pages of locked nodes: what running requests hold (the rest is free or evictable).
@@ -176,7 +187,9 @@ class RadixTree:
                 leaves.discard(node)
             elif node not in leaves:
                 leaves.add(node)
-                heappush(self._device_heap, (self.priority(node), node))
+                if not node.heaped & DEVICE_HEAP:
+                    node.heaped |= DEVICE_HEAP
+                    heappush(self._device_heap, self.priority(node))
             return
         self.device_leaves.discard(node)
         leaves = self.host_leaves
@@ -189,7 +202,9 @@ class RadixTree:
             leaves.discard(node)
         elif node not in leaves:
             leaves.add(node)
-            heappush(self._host_heap, (self.priority(node), node))
+            if not node.heaped & HOST_HEAP:
+                node.heaped |= HOST_HEAP
+                heappush(self._host_heap, self.priority(node))
 
     def touch(self, nodes: list[Node]) -> None:
         """Stamp an access, root to leaf: a branch's leaf is always its newest node."""
@@ -330,7 +345,8 @@ class RadixTree:
             path.append(child)
             pos += common
             node = child
-        self.touch(path)
+        if path:
+            self.touch(path)
         return path
 
     def _insert_run(
@@ -411,20 +427,28 @@ class RadixTree:
 
     # -- eviction: docs/controller.md#device-eviction, #host-eviction ----------------------------
 
-    def _pop_candidate(self, heap: list[tuple[tuple[Any, ...], Node]], members: set[Node]) -> Node | None:
-        """The candidate of `members` first in policy order, off `heap` (lazy: see __init__)."""
+    def _pop_candidate(self, heap: list[tuple[Any, ...]], members: set[Node], bit: int) -> Node | None:
+        """The candidate of `members` first in policy order, off `heap` (lazy: see __init__); `bit`
+        is the heap's Node.heaped bit. The node returned has no entry left."""
         priority = self.priority
         if len(heap) > 2 * len(members) + 64:  # mostly dead entries: rebuild
-            heap[:] = [(priority(n), n) for n in members]
+            for entry in heap:
+                entry[-1].heaped &= ~bit
+            heap[:] = [priority(n) for n in members]
             heapify(heap)
+            for member in members:
+                member.heaped |= bit
         while heap:
-            key, node = heappop(heap)
+            entry = heappop(heap)
+            node: Node = entry[-1]
             if node not in members:
+                node.heaped &= ~bit
                 continue
             now = priority(node)
-            if now != key:
-                heappush(heap, (now, node))
+            if now != entry:
+                heappush(heap, now)
                 continue
+            node.heaped &= ~bit
             return node
         return None
 
@@ -442,7 +466,7 @@ class RadixTree:
         passed_over: dict[Node, None] = {}  # candidates this call leaves in place: back on the heap after
         try:
             while len(freed) - start < pages:
-                node = self._pop_candidate(heap, leaves)
+                node = self._pop_candidate(heap, leaves, DEVICE_HEAP)
                 if node is None:
                     break
                 if node in passed_over:
@@ -462,8 +486,9 @@ class RadixTree:
                 evicted += 1
         finally:
             for node in passed_over:
-                if node in leaves:
-                    heappush(heap, (self.priority(node), node))
+                if node in leaves and not node.heaped & DEVICE_HEAP:
+                    node.heaped |= DEVICE_HEAP
+                    heappush(heap, self.priority(node))
         return evicted, dropped
 
     def reclaim_host_duplicates(self, pages: int, freed: list[int]) -> int:
@@ -487,13 +512,24 @@ class RadixTree:
         freed; each leaves the tree. Returns (nodes evicted, pages dropped)."""
         start = len(freed)
         evicted = dropped = 0
+        heap, leaves = self._host_heap, self.host_leaves
         while len(freed) - start < pages:
-            node = self._pop_candidate(self._host_heap, self.host_leaves)
+            node = self._pop_candidate(heap, leaves, HOST_HEAP)
             if node is None:
                 break
-            freed.extend(self._drop_host(node))
+            # _drop_host then _delete, fused: a host leaf is off the device, and the parent's
+            # candidacy is settled once, on its final state (what the two refreshes end with).
+            host, node.host = node.host, None
+            assert host is not None  # a host leaf has its copy
+            freed.extend(host)
+            parent = node.parent
+            parent.host_children -= 1
+            del parent.children[node.keys[0]]
+            self.device_leaves.discard(node)
+            leaves.discard(node)
+            self.duplicates.pop(node.id, None)
+            self._refresh(parent)
             dropped += len(node.keys)
-            self._delete(node)
             evicted += 1
         return evicted, dropped
 

@@ -240,14 +240,19 @@ class TokenSource:
         ids = np.fromiter((i for r in trace.requests for i in r.block_ids()), dtype=np.int64)
         distinct, rows = np.unique(ids, return_inverse=True)
         self._table = block_tokens(distinct)
-        self._rows: dict[int, np.ndarray] = {}
+        # Read-only: a one-block prompt is a view of its row, never a copy (prompts are only read).
+        self._table.flags.writeable = False
+        self._rows: dict[int, np.ndarray | int] = {}
         start = 0
         for request in trace.requests:
             end = start + len(request.block_ids())
-            self._rows[request.line] = rows[start:end]
+            self._rows[request.line] = int(rows[start]) if end - start == 1 else rows[start:end]
             start = end
 
     def tokens(self, request: TraceRequest) -> np.ndarray:
         if request.input_ids is not None:
             return request.input_ids
-        return self._table[self._rows[request.line]].reshape(-1)[: request.input_length]
+        rows = self._rows[request.line]
+        if isinstance(rows, int):  # one block (a page-reference stream): its row as it is
+            return self._table[rows][: request.input_length]
+        return self._table[rows].reshape(-1)[: request.input_length]
