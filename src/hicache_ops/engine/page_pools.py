@@ -92,10 +92,16 @@ class PoolAllocation:
             self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
         )
         freed: list[int] = []
+        # 0.5.23 drops a write_back leaf whose backup got no host page (with its host-only subtree)
+        host_freed: list[int] | None = [] if write_back and self._drops_unbacked_write_back else None
         nodes = dropped = 0
         try:
-            nodes, dropped = self.tree.evict_device(n, write_back, freed)
+            nodes, dropped = self.tree.evict_device(n, write_back, freed, host_freed)
         finally:
+            if host_freed:
+                self.host.give_many(host_freed)
+                self.stats.host_evictions += len(host_freed)
+                self._request_host_evicted += len(host_freed)
             self.device.give_many(freed)
             self.stats.device_evictions += len(freed)
             self.stats.device_evicted_nodes += nodes
