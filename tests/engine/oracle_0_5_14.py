@@ -315,14 +315,24 @@ for job in PAYLOAD:
     for workload in job["workloads"]:
         with tempfile.TemporaryDirectory(prefix="oracle-l3-") as storage_dir:
             run = Replay(job["config"], storage_dir if job["config"]["storage"] else None)
-            job_results.append([run.serve(r["prompt"], r["output"], r.get("extra_key")) for r in workload])
-            run.cache.shutdown()
+            try:
+                job_results.append([run.serve(r["prompt"], r["output"], r.get("extra_key")) for r in workload])
+            except AssertionError as error:
+                # 0.5.14's own evict_host assertion under write_back ("parent does not have child
+                # key"): SGLang fails the workload; the caller leaves it out and counts it.
+                if job["config"]["write_policy"] != "write_back" or "parent does not have child key" not in str(error):
+                    raise
+                job_results.append({"sglang_failed": str(error)})
+            finally:
+                run.cache.shutdown()
     RESULT.append(job_results)
 '''
 
 
-def replay_jobs(jobs: list[tuple[OracleConfig, list[list[dict]]]], *, timeout: float = 600) -> list[list[list[dict]]]:
-    """Several (config, workloads) jobs in one child; per job, per workload, per request results.
+def replay_jobs(jobs: list[tuple[OracleConfig, list[list[dict]]]], *, timeout: float = 600) -> list[list]:
+    """Several (config, workloads) jobs in one child; per job, per workload, per request results
+    (or, for a write_back workload on which 0.5.14's tree fails its own evict_host assertion,
+    {"sglang_failed": message}).
 
     A workload is a list of {"prompt": [ids], "output": [ids]}; each gets a fresh cache.
     """
