@@ -693,7 +693,9 @@ def _cases():
     for version, family, policy in _runs():
         for metric in _metrics(family):
             known = KNOWN_DIVERGENCES.get((version, family, policy, metric))
-            marks = [pytest.mark.xfail(strict=True, reason=known)] if known else []
+            # Strict in the ci draw (a case that starts to agree must leave the list); the deep
+            # draw's fresh workloads may or may not hit a listed divergence.
+            marks = [pytest.mark.xfail(strict=not DEEP, reason=known)] if known else []
             yield pytest.param(version, family, policy, metric, id=f"{version}-{family}-{policy}-{metric}", marks=marks)
 
 
