@@ -559,6 +559,7 @@ def oracle_results(version: str) -> dict:
     """{(family, policy, index): per-request results} for every generated workload."""
     future = _oracle_0_5_14_future()
     if version == "0.5.14":
+        oracle_results("0.5.23")  # replayed here while the 0.5.14 child runs
         return future.result()
     from engine.oracle_0_5_23 import replay
 
