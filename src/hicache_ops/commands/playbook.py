@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -83,7 +84,7 @@ def parse_playbook(name: str, text: str) -> Playbook:
     title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), name)
     found = re.search(r"\*\*Symptom:\*\*(.*?)(?:\n\s*\n|\Z)", text, re.S)
     symptom = " ".join(found.group(1).split()) if found else ""
-    checks = []
+    checks: list[Check] = []
     for match in _FENCE.finditer(text):
         before = text[: match.start()]
         headings = re.findall(r"^###\s+(.*)$", before, re.M)
@@ -193,14 +194,16 @@ def _compare(actual: object, op: str, expected: object) -> bool:
         return False
     if isinstance(actual, list):  # [*]: any element
         return any(_compare(a, op, expected) for a in actual)
+    # Values read from JSON: an order between unlike types raises TypeError, answered below.
+    a: Any = actual
     try:
         return {
             "==": actual == expected,
             "!=": actual != expected,
-            "<": actual < expected,
-            "<=": actual <= expected,
-            ">": actual > expected,
-            ">=": actual >= expected,
+            "<": a < expected,
+            "<=": a <= expected,
+            ">": a > expected,
+            ">=": a >= expected,
         }[op]
     except TypeError:
         return False
@@ -500,8 +503,8 @@ def variables_from(
     config: str | None,
     prompt: str | None,
     server_args: str | None,
-    try_extra_keys: list[str] = (),
-    try_cache_salts: list[str] = (),
+    try_extra_keys: Sequence[str] = (),
+    try_cache_salts: Sequence[str] = (),
     timeout_s: float = 3.0,
 ) -> dict[str, str]:
     """The run's variables, every input checked first (InputError, exit 2) and the serve asked last."""

@@ -153,7 +153,9 @@ def parse_segment_size(value: object, *, where: str = "global_segment_size") -> 
                 hint='Use a byte count (4294967296) or whole GiB with "gb" ("4gb"); SGLang knows no other unit.',
             ) from None
     try:
-        return int(value)  # type: ignore[arg-type]
+        if not isinstance(value, (int, float, bytes)):
+            raise TypeError
+        return int(value)
     except (TypeError, ValueError):
         raise InputError(f"{where} {value!r} is not a size.", hint='Use a byte count or "4gb".') from None
 
@@ -300,12 +302,16 @@ def resolve_store_config(
         # Mooncake cannot dial a master without HOST:PORT; refused here rather than judged.
         parse_host_port(str(master), what="master_server_address" if mapping is not None else "MOONCAKE_MASTER")
     size_where = "global_segment_size" if mapping is not None else "MOONCAKE_GLOBAL_SEGMENT_SIZE"
-    values["global_segment_size"] = parse_segment_size(values["global_segment_size"], where=size_where)
+    segment_size = parse_segment_size(values["global_segment_size"], where=size_where)
+    values["global_segment_size"] = segment_size
     port = values["master_metrics_port"]
     try:
-        values["master_metrics_port"] = int(port)  # type: ignore[arg-type]
+        if not isinstance(port, (int, float, str, bytes)):
+            raise TypeError
+        metrics_port = int(port)
     except (TypeError, ValueError):
         raise InputError(f"master_metrics_port {port!r} is not a port number.") from None
+    values["master_metrics_port"] = metrics_port
     if family(version) == V0_5_14:
         values["tenant_id"] = None
         r.sources.pop("tenant_id", None)
@@ -333,11 +339,11 @@ def resolve_store_config(
         config_path=config_path,
         local_hostname=str(values["local_hostname"]),
         metadata_server=str(values["metadata_server"]),
-        global_segment_size=int(values["global_segment_size"]),  # type: ignore[arg-type]
+        global_segment_size=segment_size,
         protocol=str(values["protocol"]),
         device_name="" if values["device_name"] is None else str(values["device_name"]),
         master_server_address=None if values["master_server_address"] is None else str(values["master_server_address"]),
-        master_metrics_port=int(values["master_metrics_port"]),  # type: ignore[arg-type]
+        master_metrics_port=metrics_port,
         check_server=bool(values["check_server"]),
         standalone_storage=bool(values["standalone_storage"]),
         client_server_address=None if values["client_server_address"] is None else str(values["client_server_address"]),

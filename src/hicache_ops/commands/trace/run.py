@@ -9,7 +9,7 @@ shows at which step the path breaks.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -117,7 +117,7 @@ def _writer_note(spec: EngineSpec, stored_pages: int, pages: int) -> str:
 
 
 def diagnosis_causes(
-    tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: list[str] = ()
+    tokens, spec: EngineSpec, metrics_address: str, extra_key, cache_salt, try_cache_salts: Sequence[str] = ()
 ) -> list[str]:
     """Likely causes of an L3 miss, from the live key diff against the master."""
     from hicache_ops.commands.inspect.key_listing import expected_keys
@@ -235,6 +235,9 @@ def run_embedded(
             clients.append(r_store)
             reader = build_bytes(reader_spec, r_store)
             if inject == "prefetch-timeout":
+                from hicache_ops.engine.bytes_plane import MooncakeL3
+
+                assert isinstance(reader.l3, MooncakeL3)  # build_bytes with a store gives the Mooncake tier
                 reader.l3.extra_latency_s = 0.5
             run.scenario["reader"] = _describe(reader_spec, extra_key, cache_salt)
             writer_note = _writer_note(writer_spec, written.stored_pages, len(tokens) // spec.page_size)
