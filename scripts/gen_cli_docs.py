@@ -33,6 +33,7 @@ RESULT_MODELS = {
     "hicache explain": "hicache_ops.commands.explain:ExplainResult",
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
+    "hicache inspect store": "hicache_ops.commands.inspect.results:StoreResult",
     "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
     "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
     "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",
@@ -108,6 +109,8 @@ def field_rows(model, prefix: str = "") -> list[tuple[str, str, str]]:
     """(field path, JSON type, description) of every field of `model`, nested models expanded."""
     rows = []
     for name, info in model.model_fields.items():
+        if info.exclude:
+            continue  # not in the JSON (a flag the model's serializer reads)
         path = f"{prefix}{info.serialization_alias or info.alias or name}"
         only = " (only with the option that adds it)" if name in model.optional_fields() else ""
         rows.append((path, _type_name(info.annotation), (info.description or "") + only))

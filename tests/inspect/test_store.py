@@ -17,6 +17,7 @@ from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.master import EmbeddedMaster
 from hicache_ops.mooncake.net import parse_host_port
 from hicache_ops.mooncake.store_client import StoreClient
+from hicache_ops.results import json_data
 from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
 HANG_BOUND_S = 5.0
@@ -134,7 +135,7 @@ def test_dcp_groups_expect_every_shard(mooncake_master, mooncake_segment_owner):
     unified = f"{tag}_{PK[0]}_ukv1-0123456789abcdef_L0-3_H1"
     for key in [*keys, unified]:
         mooncake_segment_owner.put(key, b"x")
-    data = inspect_store(mooncake_master.metrics_address, prefix=f"{tag}_", limit=10)
+    data = json_data(inspect_store(mooncake_master.metrics_address, prefix=f"{tag}_", limit=10))
     (group,) = data["groups"]
     assert group["prefix"] == f"{tag}_tp8_dcp4_page16_pp1_cp1_" and group["kind"] == "mla"
     assert group["dcp"] == {"tp_size": 8, "dcp_size": 4, "page_size": 16, "pp_size": 1, "attn_cp_size": 1}
@@ -147,7 +148,7 @@ def test_dcp_groups_expect_every_shard(mooncake_master, mooncake_segment_owner):
 
 def test_inspect_store_library(filled_master):
     master, keys = filled_master
-    data = inspect_store(master.metrics_address, limit=5)
+    data = json_data(inspect_store(master.metrics_address, limit=5))
     assert data["ready"] and data["master"] == master.metrics_address
     assert data["key_count"] == len(keys) and data["metrics"]["master_key_count"] == len(keys)
     assert data["capacity_bytes"] == 32 << 20 and data["used_bytes"] == len(keys)

@@ -19,6 +19,7 @@ from cli_runner import hicache
 from hicache_ops.commands.inspect.store_listing import inspect_store
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.mooncake.store_client import StoreClient
+from hicache_ops.results import json_data
 
 PAGE = 16
 PAGES = 8
@@ -158,12 +159,12 @@ def test_hicache_finds_what_sglang_wrote(mooncake_master, sglang_ranks):
     assert written == expected and len(expected) == PAGES * TP * 2
 
     # inspect store groups them by SGLang's prefix, K/V-complete, and counts SGLang's warm-up keys.
-    store_view = inspect_store(mooncake_master.metrics_address, prefix=PREFIX, limit=1000)
+    store_view = json_data(inspect_store(mooncake_master.metrics_address, prefix=PREFIX, limit=1000))
     group = store_view["groups"][0]
     assert group["prefix"] == PREFIX and group["kind"] == "mha"
     assert {"_0_k", "_0_v", "_1_k", "_1_v"} <= set(group["suffixes"])
     assert set(keys) <= set(group["page_keys"])
-    assert inspect_store(mooncake_master.metrics_address)["warmup_keys"] >= TP
+    assert inspect_store(mooncake_master.metrics_address).warmup_keys >= TP
 
     # Remove one `_v` object of one rank: SGLang's batch_exists and hicache agree on the prefix.
     victim = f"{PREFIX}{keys[5]}_1_v"

@@ -9,7 +9,7 @@ import typer
 
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
-from hicache_ops.cli.common.output import emit, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
 from hicache_ops.cli.common.sglang_url import SglangLayoutUrlOption
 from hicache_ops.units import format_bytes
 
@@ -163,4 +163,4 @@ def store(
         data = inspect_store(
             master or default_master(), prefix=prefix, limit=limit, timeout=timeout, sglang_url=sglang_url
         )
-        emit(data, json_output, _render)
+        emit(data, json_output, lambda result: _render(json_data(result)))

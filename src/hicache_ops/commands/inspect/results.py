@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any, ClassVar
+
+from pydantic import Field, model_serializer
 
 from hicache_ops.results import Result
 from hicache_ops.sglang.views import (
@@ -169,3 +171,59 @@ class LayoutResult(Result):
     rewrites: list[str] = Field(description="SGLang's start-up rewrites of the layout and io backend")
     notes: list[str] = Field(description="plain-language remarks (the rewrites among them)")
     warnings: list[str] = Field(description="what SGLang does silently with these flags")
+
+
+class SegmentProblem(Result):
+    """A segment whose Transfer Engine endpoint a reader on another host cannot dial."""
+
+    segment: str = Field(description="the segment's name")
+    te_endpoint: str | None = Field(description="the endpoint the segment registered")
+    problem: str = Field(description="what is wrong with it (a loopback or unresolvable host)")
+    host: str | None = Field(description="the host part of the endpoint")
+    host_candidates: list[str] = Field(description="hosts the endpoint could have meant")
+    note: str | None = Field(description="what a reader on another host meets")
+
+
+class StoreResult(Result):
+    """`hicache inspect store --json`: the master's health, segments, key counts and SGLang key groups."""
+
+    # Present only with --sglang-url (its pools are checked against the listing), null or not.
+    server_fields: ClassVar[tuple[str, ...]] = ("pool_source", "l3_layout", "l3_layout_note", "server_pools")
+    with_server: bool = Field(False, exclude=True)
+
+    master: str = Field(description="the master's HOST:METRICS_PORT")
+    ready: bool = Field(description="whether the master says it serves")
+    health: dict[str, Any] = Field(description="the master's health answer as it gave it")
+    segments: list[dict[str, Any]] = Field(description="one row per mounted segment (name, endpoint, sizes, status)")
+    segment_problems: list[SegmentProblem] = Field(description="segments another host cannot reach")
+    capacity_bytes: int = Field(description="bytes of every segment together")
+    used_bytes: int = Field(description="bytes in use")
+    used_fraction: float | None = Field(description="used over capacity; null with no capacity")
+    key_count: int = Field(description="objects the master holds")
+    metrics: dict[str, Any] = Field(description="the master's key and size metrics")
+    limit: int = Field(description="the longest list shown (--limit)")
+    prefix_filter: str | None = Field(description="--prefix, null when not given")
+    matched_keys: int = Field(description="keys matching --prefix (all keys without it)")
+    warmup_keys: int = Field(description="SGLang's start-up probe objects")
+    unified_scheme_keys: int = Field(description="keys of the unified (hybrid-model) key scheme")
+    other_keys: int = Field(description="keys SGLang's naming does not explain")
+    groups: list[dict[str, Any]] = Field(description="one group per SGLang key prefix: pages, suffixes, completeness")
+    group_count: int = Field(description="groups found (at most --limit listed)")
+    other_key_samples: list[str] = Field(description="some of the other keys")
+    truncated: bool = Field(description="whether a list was cut at --limit")
+    pool_source: str | None = Field(None, description="with --sglang-url: where the pools came from")
+    l3_layout: L3LayoutView | None = Field(None, description="with --sglang-url: the server's L3 layout")
+    l3_layout_note: str | None = Field(None, description="with --sglang-url: why no layout was read")
+    server_pools: dict[str, Any] | None = Field(None, description="with --sglang-url: each pool checked in the listing")
+
+    @classmethod
+    def optional_fields(cls) -> set[str]:
+        return set(cls.server_fields)
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> Any:
+        data = handler(self)
+        if not self.with_server:
+            for name in self.server_fields:
+                data.pop(name, None)
+        return data

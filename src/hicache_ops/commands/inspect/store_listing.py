@@ -21,13 +21,16 @@ import heapq
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.commands.inspect.segments import check_segments
 from hicache_ops.errors import SettingError
 from hicache_ops.mooncake.admin import AdminClient
 from hicache_ops.sglang.l3_layout import FROM_LAYOUT, L3Layout, flat_suffixes, parse_l3_layout
 from hicache_ops.sglang.page_keys import WARMUP_KEY_PREFIX, dcp_topology
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.inspect.results import StoreResult
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _RANK_PART = re.compile(r"[A-Za-z0-9]+")
@@ -357,7 +360,7 @@ def _server_layout(url: str, timeout: float) -> tuple[L3Layout | None, str | Non
 
 def inspect_store(
     master: str, *, prefix: str | None = None, limit: int = 20, timeout: float = 3.0, sglang_url: str | None = None
-) -> dict[str, Any]:
+) -> StoreResult:
     """Health, segments, key counts and SGLang key groups of the master at HOST:METRICS_PORT.
 
     With `sglang_url`, the pools of that server's L3 layout (docs/side-pools.md#l3-layout-endpoint)
@@ -378,43 +381,38 @@ def inspect_store(
     ready = bool(health.get("service_ready", health.get("status") == "ok"))
     capacity = sum(s["size_bytes"] for s in segments)
     used = sum(s["used_bytes"] for s in segments)
-    return {
-        "master": admin.address,
-        "ready": ready,
-        "health": health,
-        "segments": segments,
-        "segment_problems": [
-            {
-                "segment": s["name"],
-                "te_endpoint": s["te_endpoint"],
-                "problem": s["endpoint_problem"],
-                "host": s["host"],
-                "host_candidates": s["host_candidates"],
-                "note": s["endpoint_note"],
-            }
+    from hicache_ops.commands.inspect.results import SegmentProblem, StoreResult
+
+    return StoreResult(
+        master=admin.address,
+        ready=ready,
+        health=health,
+        segments=segments,
+        segment_problems=[
+            SegmentProblem(
+                segment=s["name"],
+                te_endpoint=s["te_endpoint"],
+                problem=s["endpoint_problem"],
+                host=s["host"],
+                host_candidates=s["host_candidates"],
+                note=s["endpoint_note"],
+            )
             for s in segments
             if s["endpoint_problem"]
         ],
-        "capacity_bytes": capacity,
-        "used_bytes": used,
-        "used_fraction": used / capacity if capacity else None,
-        "key_count": len(keys),
-        "metrics": {name: metrics[name] for name in _METRIC_NAMES if name in metrics},
-        "limit": limit,
+        capacity_bytes=capacity,
+        used_bytes=used,
+        used_fraction=used / capacity if capacity else None,
+        key_count=len(keys),
+        metrics={name: metrics[name] for name in _METRIC_NAMES if name in metrics},
+        limit=limit,
         **grouped,
-        **(
-            {}
-            if sglang_url is None
-            else {
-                "pool_source": FROM_LAYOUT if layout_note is None else None,
-                "l3_layout": None if layout is None else layout.view().model_dump(mode="json"),
-                "l3_layout_note": layout_note,
-                "server_pools": served_pools(keys, layout, limit)
-                if layout is not None and layout_note is None
-                else None,
-            }
-        ),
-    }
+        with_server=sglang_url is not None,
+        pool_source=FROM_LAYOUT if sglang_url is not None and layout_note is None else None,
+        l3_layout=None if layout is None else layout.view(),
+        l3_layout_note=layout_note,
+        server_pools=served_pools(keys, layout, limit) if layout is not None and layout_note is None else None,
+    )
 
 
 def pages_by_prefix(keys: list[str], page_keys: set[str]) -> dict[str, dict[str, set[str]]]:
