@@ -34,6 +34,7 @@ RESULT_MODELS = {
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
     "hicache inspect store": "hicache_ops.commands.inspect.results:StoreResult",
+    "hicache trace show": "hicache_ops.commands.trace.show_result:TapSummary",
     "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
     "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
     "hicache playbook show": "hicache_ops.commands.playbook:PlaybookShowResult",

@@ -36,6 +36,7 @@ from hicache_ops.commands.tap.recording import (
     with_suffix,
 )
 from hicache_ops.commands.trace.show import load_records, percentile, show
+from hicache_ops.results import json_data
 from hicache_ops.sglang.page_keys import ObjectKeyScheme, page_keys
 
 LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 16, 4
@@ -332,7 +333,7 @@ def test_rank_file_and_store_errors_are_recorded_and_reraised(mooncake_master, t
         VERSION, model_name=MODEL, extra_backend_tag=tag, tp_rank=1, tp_size=2
     ).all_object_keys(KEYS[:1])
     assert failed["error"].startswith("AssertionError") and failed["result"] is None
-    s = show([tmp_path / "r.tp1.jsonl"])
+    s = json_data(show([tmp_path / "r.tp1.jsonl"]))
     assert s["failures"]["by_kind"] == {"raised": 1} and s["source"]["ranks"] == ["tp1"]
 
 
@@ -407,7 +408,7 @@ def test_trace_show_summarises_the_recording(runs):
     res = hicache(["trace", "show", runs["path"], "--json"])
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
-    assert s == json.loads(json.dumps(show([runs["path"]])))  # the CLI is the library call
+    assert s == json_data(show([runs["path"]]))  # the CLI is the library call
     assert s["source"]["storage_calls"] == 8 and s["source"]["ranks"] == ["tp0"]
     assert s["source"]["opens"][0]["key_prefix"] == f"tap-{runs['run_id']}_Qwen-Qwen3-0.6B_"
     m = s["methods"]
@@ -494,7 +495,7 @@ def test_trace_show_spots_written_pages_that_fail_to_read(tmp_path):
     ]
     path = tmp_path / "synthetic.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    s = show([path])
+    s = json_data(show([path]))
     assert s["keys"]["pages"]["read_failed_after_write"] == 1
     assert s["keys"]["pages"]["lists"]["read_failed_after_write"] == ["b"]
     assert s["keys"]["verdict"].startswith("partly")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import JsonOption
-from hicache_ops.cli.common.output import emit, reporting, stdout
+from hicache_ops.cli.common.output import emit, json_data, reporting, stdout
 from hicache_ops.commands.trace.show import show as show_summary
 
 EXAMPLES = examples(
@@ -136,4 +136,4 @@ def show(
 ) -> None:
     """Summarise a tap recording: calls, hit prefixes, failures, keys written vs read, latencies."""
     with reporting(json_output):
-        emit(show_summary(files), json_output, _render)
+        emit(show_summary(files), json_output, lambda summary: _render(json_data(summary)))

@@ -1,8 +1,8 @@
 """`hicache trace show`: summarise what a tap recording says about a live server's storage calls.
 
     summary = summarise(load_records(["/tmp/hicache-tap.jsonl"]))
-    summary["methods"]["batch_get_v1"]["latency_ms"]["p99"]
-    summary["keys"]["verdict"]
+    summary.methods["batch_get_v1"]["latency_ms"]["p99"]
+    summary.keys["verdict"]
 
 The recording is JSON Lines written by `hicache_ops.commands.tap.recording` (one object per call, format `v` 1,
 see the README). A line that is not a JSON object with a string `method` is an input error (exit 2)
@@ -26,9 +26,13 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hicache_ops.commands.tap.recording import META_METHODS, QUERY_METHODS, READ_METHODS, WRITE_METHODS
 from hicache_ops.errors import InputError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.trace.show_result import TapSummary
 
 PERCENTILES = (50, 90, 99)
 LIST_CAP = 20  # keys listed per category (counts are always complete)
@@ -161,7 +165,7 @@ def _capped(items: Iterable[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def summarise(records: Sequence[Mapping], files: Sequence[str] | None = None) -> dict:
+def summarise(records: Sequence[Mapping], files: Sequence[str] | None = None) -> TapSummary:
     storage = [r for r in records if r["method"] not in META_METHODS]
     meta = [r for r in records if r["method"] in META_METHODS]
 
@@ -291,14 +295,16 @@ def summarise(records: Sequence[Mapping], files: Sequence[str] | None = None) ->
             )
     failure_counts = Counter(f["kind"] for f in failures)
 
-    return {
-        "source": source,
-        "methods": methods,
-        "ranks": ranks,
-        "queries": queries,
-        "failures": {"count": len(failures), "by_kind": dict(failure_counts), "list": failures},
-        "keys": _key_analysis(storage),
-    }
+    from hicache_ops.commands.trace.show_result import TapFailures, TapSource, TapSummary
+
+    return TapSummary(
+        source=TapSource(**source),
+        methods=methods,
+        ranks=ranks,
+        queries=queries,
+        failures=TapFailures(count=len(failures), by_kind=dict(failure_counts), failed=failures),
+        keys=_key_analysis(storage),
+    )
 
 
 def _object_codes_for(rec: Mapping, page_key: str | None) -> dict[str, int]:
@@ -462,7 +468,7 @@ def _object_analysis(storage: Sequence[Mapping]) -> dict | None:
     }
 
 
-def show(paths: Sequence[str | Path]) -> dict:
+def show(paths: Sequence[str | Path]) -> TapSummary:
     """Load and summarise; the library call behind `hicache trace show`."""
     files = [str(p) for p in paths]
     return summarise(load_records(files), files)
