@@ -97,22 +97,23 @@ def call(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     check("the command")
     if threading.current_thread() is not threading.main_thread():
         return fn(*args, **kwargs)
-    outcome: dict[str, Any] = {}
+    outcome: dict[str, T] = {}
+    failure: list[BaseException] = []
     done = threading.Event()  # the handler never touches it: waiting on it is safe in the main thread
 
     def run() -> None:
         try:
             outcome["value"] = fn(*args, **kwargs)
         except BaseException as exc:  # handed to the caller, as a plain call would raise it
-            outcome["error"] = exc
+            failure.append(exc)
         finally:
             done.set()
 
     threading.Thread(target=run, daemon=True, name="hicache-call").start()
     while not done.wait(POLL_S):
         check("the command")
-    if "error" in outcome:
-        raise outcome["error"]
+    if failure:
+        raise failure[0]
     return outcome["value"]
 
 
