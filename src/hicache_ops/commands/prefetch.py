@@ -95,10 +95,9 @@ def prefetch_prompts(
         ek = extra_key if extra_key is not None else prompt.extra_key
         cs = cache_salt if cache_salt is not None else prompt.cache_salt
         try:
-            with interrupt.cancellable():
-                r = client.prefetch(prompt.input_ids, ek, cs)
+            r = interrupt.call(client.prefetch, prompt.input_ids, ek, cs)
         except interrupt.Interrupted:
-            break
+            break  # the client is abandoned with the call in flight: the caller closes it
         info = r["prefetch"]
         elapsed = info["elapsed_s"]
         budget = pol.TimeoutBudget(**config["timeout_budget"]).seconds(

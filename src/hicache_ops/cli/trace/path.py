@@ -181,9 +181,15 @@ def _trace(ctx: typer.Context, kind: str) -> None:
 
             with ServeClient.open(serve_url, timeout_s=timeout) as client:
                 check_traceable(prompt.input_ids, client.stats()["config"]["page_size"])
-                with interrupt.stop_on_signals(), interrupt.cancellable():
-                    run = client.trace(
-                        kind, prompt.input_ids, extra_key, cache_salt, flush=flush, observe=not allow_writes
+                with interrupt.stop_on_signals():
+                    run = interrupt.call(
+                        client.trace,
+                        kind,
+                        prompt.input_ids,
+                        extra_key,
+                        cache_salt,
+                        flush=flush,
+                        observe=not allow_writes,
                     )
             from hicache_ops.commands.trace.tracer import Step
 
