@@ -45,6 +45,7 @@ RESULT_MODELS = {
     "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache upgrade check": "hicache_ops.commands.upgrade:UpgradeResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
+    "hicache watch": "hicache_ops.commands.watch:WatchReport",
 }
 
 # Commands whose --json is a list of their model's objects.
