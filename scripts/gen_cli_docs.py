@@ -34,6 +34,9 @@ RESULT_MODELS = {
     "hicache inspect keys": "hicache_ops.commands.inspect.results:InspectKeysResult",
     "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
     "hicache inspect store": "hicache_ops.commands.inspect.results:StoreResult",
+    "hicache lab down": "hicache_ops.commands.lab.results:LabDown",
+    "hicache lab status": "hicache_ops.commands.lab.results:LabStatus",
+    "hicache lab up": "hicache_ops.commands.lab.results:LabStatus",
     "hicache trace show": "hicache_ops.commands.trace.show_result:TapSummary",
     "hicache playbook list": "hicache_ops.commands.playbook:PlaybookSummary",
     "hicache playbook run": "hicache_ops.commands.playbook:PlaybookRun",
@@ -45,6 +48,7 @@ RESULT_MODELS = {
     "hicache trace write": "hicache_ops.commands.trace.tracer:StepRecord",
     "hicache upgrade check": "hicache_ops.commands.upgrade:UpgradeResult",
     "hicache warm": "hicache_ops.commands.warm:WarmResult",
+    "hicache watch": "hicache_ops.commands.watch:WatchReport",
 }
 
 # Commands whose --json is a list of their model's objects.

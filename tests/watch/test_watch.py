@@ -13,6 +13,7 @@ import pytest
 from cli_runner import hicache
 from hicache_ops.commands.watch import Sampler, report
 from hicache_ops.mooncake.store_client import StoreClient
+from hicache_ops.results import json_data
 from sglang_collectors import held_collectors
 
 STEP = {
@@ -46,7 +47,7 @@ def window(served, step, master=None, *, before=None, between=None):
     if between:
         between()
     sampler.scrape(strict=True)
-    return report(sampler)
+    return json_data(report(sampler))
 
 
 def kinds(rep) -> set[str]:

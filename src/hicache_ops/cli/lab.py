@@ -86,9 +86,10 @@ def up(
     with reporting(json_output):
         from hicache_ops.commands.lab.status import status
         from hicache_ops.commands.lab.up import up as lab_up
+        from hicache_ops.results import json_data
 
         lab_up(hosts, run_dir)
-        emit(status(run_dir), json_output, _table)
+        emit(status(run_dir), json_output, lambda r: _table(json_data(r)))
 
 
 @app.command(
@@ -104,6 +105,7 @@ def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
     them, when several are up."""
     with reporting(json_output):
         from hicache_ops.commands.lab.down import down as lab_down
+        from hicache_ops.results import json_data
 
         data = lab_down(run_dir)
 
@@ -116,7 +118,7 @@ def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
                 pids = ", ".join(str(p) for p in d["not_reaped"])
                 stdout.print(f"not yet reaped by their parent (zombies): pid {pids}", markup=False)
 
-        emit(data, json_output, render)
+        emit(data, json_output, lambda r: render(json_data(r)))
 
 
 @app.command("status", cls=HicacheCommand, epilog=examples("hicache lab status", "hicache lab status --json"))
@@ -124,8 +126,9 @@ def status(run_dir: RunDirOption = None, json_output: JsonOption = False) -> Non
     """What runs where: host, namespace, address, process, URL, faults."""
     with reporting(json_output):
         from hicache_ops.commands.lab.status import status as lab_status
+        from hicache_ops.results import json_data
 
-        emit(lab_status(run_dir), json_output, _table)
+        emit(lab_status(run_dir), json_output, lambda r: _table(json_data(r)))
 
 
 @app.command(
@@ -155,12 +158,13 @@ def fault(
     with reporting(json_output):
         from hicache_ops.commands.lab.fault import fault as lab_fault
         from hicache_ops.commands.lab.status import status as lab_status
+        from hicache_ops.results import json_data
 
         data = lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir)
         data.pop("lab")
 
         def render(d: dict[str, Any]) -> None:
             stdout.print(f"[bold]fault {d['name']}[/] on {d['host']}: {escape(d['detail'])}")
-            _table(lab_status(run_dir))
+            _table(json_data(lab_status(run_dir)))
 
         emit(data, json_output, render)

@@ -120,6 +120,7 @@ def watch(
         from hicache_ops import interrupt
         from hicache_ops.commands.watch import Sampler, report
         from hicache_ops.errors import InputError
+        from hicache_ops.results import json_data
         from hicache_ops.sglang.versions import validate_version
 
         if sglang_version is not None:
@@ -133,7 +134,7 @@ def watch(
                 interrupt.wait(interval)
                 if not interrupt.requested():
                     sampler.scrape(strict=True)
-            emit(report(sampler, sglang_version), json_output, _render)
+            emit(report(sampler, sglang_version), json_output, lambda r: _render(json_data(r)))
             return
         from rich.live import Live
 
@@ -141,15 +142,17 @@ def watch(
             if json_output:
                 while not interrupt.wait(interval):
                     sampler.scrape()
-                    emit(report(sampler, sglang_version), True, _render)
+                    emit(report(sampler, sglang_version), True, lambda r: _render(json_data(r)))
             else:
-                with Live(_view(report(sampler, sglang_version)), console=stdout, auto_refresh=False) as live:
+                with Live(
+                    _view(json_data(report(sampler, sglang_version))), console=stdout, auto_refresh=False
+                ) as live:
                     while not interrupt.wait(interval):
                         sampler.scrape()
-                        live.update(_view(report(sampler, sglang_version)), refresh=True)
+                        live.update(_view(json_data(report(sampler, sglang_version))), refresh=True)
             stopped = interrupt.reason()
         summary = report(sampler, sglang_version)
-        summary["stopped"] = stopped
+        summary.stopped = stopped
         if not json_output:
             stdout.print(f"stopped ({stopped}) after {sampler.rounds} scrape(s); the last window:")
-        emit(summary, json_output, _render)
+        emit(summary, json_output, lambda r: _render(json_data(r)))

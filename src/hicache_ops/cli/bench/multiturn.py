@@ -67,8 +67,8 @@ def _over_http(spec, url: str, timeout: float, quiet: bool, json_output: bool) -
 
     with interrupt.stop_on_signals():
         data = run_over_http(spec, url, page_size=page_size, timeout=timeout, progress=progress)
-    emit(data, json_output, _render_http)
-    if data["interrupted"]:
+    emit(data, json_output, lambda r: _render_http(json_data(r)))
+    if data.interrupted:
         raise typer.Exit(130)
 
 

@@ -14,10 +14,28 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
+
+from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench.multiturn_workload import MultiturnSpec, workload_tokens
 from hicache_ops.errors import InputError, SettingError, UnreachableError
+from hicache_ops.results import Result
+
+
+class MultiturnHttpReport(Result):
+    """`hicache bench multiturn --serve URL --json`: the workload replayed over /generate."""
+
+    url: str = Field(description="the server replayed against")
+    workload: dict[str, Any] = Field(
+        description="clients, rounds, new_tokens, output_tokens, seed, concurrency and the server's page_size"
+    )
+    rounds: list[dict[str, Any]] = Field(
+        description="per round: prompt and cached tokens, hits per tier, the hit rate and the (paged) ceiling"
+    )
+    total: dict[str, Any] = Field(description="prompt tokens, cached tokens and the hit rate over every round")
+    interrupted: bool = Field(description="whether a stop request ended the replay before its last round")
 
 
 def _post(client, url: str, body: dict, timeout: float) -> dict:
@@ -44,7 +62,9 @@ def _post(client, url: str, body: dict, timeout: float) -> dict:
         raise InputError(f"{url}/generate did not answer in SGLang's shape (output_ids, meta_info).") from None
 
 
-def run_over_http(spec: MultiturnSpec, url: str, *, page_size: int, timeout: float, progress=None) -> dict:
+def run_over_http(
+    spec: MultiturnSpec, url: str, *, page_size: int, timeout: float, progress=None
+) -> MultiturnHttpReport:
     """Replay `spec`'s conversations against `url`; per round: prompt tokens, cached tokens by tier,
     the hit rate and the ceiling for `page_size` (the server's)."""
     import httpx
@@ -83,9 +103,9 @@ def run_over_http(spec: MultiturnSpec, url: str, *, page_size: int, timeout: flo
                 progress(r, spec.rounds)
     total_prompt = sum(x["prompt_tokens"] for x in rounds)
     total_cached = sum(x["cached_tokens"] for x in rounds)
-    return {
-        "url": url,
-        "workload": {
+    return MultiturnHttpReport(
+        url=url,
+        workload={
             "clients": spec.clients,
             "rounds": spec.rounds,
             "new_tokens": n,
@@ -94,11 +114,11 @@ def run_over_http(spec: MultiturnSpec, url: str, *, page_size: int, timeout: flo
             "concurrency": spec.concurrency or 1,
             "page_size": page_size,
         },  # fmt: skip
-        "rounds": rounds,
-        "total": {
+        rounds=rounds,
+        total={
             "prompt_tokens": total_prompt,
             "cached_tokens": total_cached,
             "hit_rate": total_cached / total_prompt if total_prompt else 0.0,
         },  # fmt: skip
-        "interrupted": interrupted,
-    }
+        interrupted=interrupted,
+    )

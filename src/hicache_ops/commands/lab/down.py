@@ -9,12 +9,17 @@ Returns once every process it stopped is gone from the process table (reaped, no
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hicache_ops.commands.lab import processes, state, topology
 
+if TYPE_CHECKING:
+    from hicache_ops.commands.lab.results import LabDown
 
-def down(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+
+def down(run_dir: str | os.PathLike[str] | None = None) -> LabDown:
+    from hicache_ops.commands.lab.results import LabDown, StoppedProcess
+
     topology.require_namespaces()
     folder = state.lab_to_stop(run_dir)
     lab = state.load(folder) or {"hosts": []}
@@ -25,7 +30,7 @@ def down(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         record = host.get("process")
         if processes.alive(record):
             processes.stop(record)
-            stopped.append({"host": f"h{host['index']}", "pid": record["pid"]})
+            stopped.append(StoppedProcess(host=f"h{host['index']}", pid=record["pid"]))
         if record:
             records.append(record)
     recorded = {h["namespace"] for h in lab["hosts"]}
@@ -44,11 +49,11 @@ def down(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         if topology.link_exists(link):
             topology.delete_link(link)
     state.remove(folder)
-    return {
-        "id": lab_id,
-        "stopped": stopped,
-        "killed_leftovers": leftovers,
-        "not_reaped": zombies,
-        "namespaces_removed": namespaces,
-        "run_dir": str(folder),
-    }
+    return LabDown(
+        id=lab_id,
+        stopped=stopped,
+        killed_leftovers=leftovers,
+        not_reaped=zombies,
+        namespaces_removed=namespaces,
+        run_dir=str(folder),
+    )

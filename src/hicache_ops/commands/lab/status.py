@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.commands.lab.state import Lab
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.lab.results import LabStatus
 
 
 def serve_segment(host: dict[str, Any]) -> str | None:
@@ -48,7 +51,9 @@ def rows(lab: Lab) -> list[dict[str, Any]]:
     return out
 
 
-def status(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def status(run_dir: str | os.PathLike[str] | None = None) -> LabStatus:
+    from hicache_ops.commands.lab.results import LabHostRow, LabStatus
+
     folder = state.run_dir(run_dir)
     lab = state.load(folder)
     if lab is None:
@@ -57,12 +62,12 @@ def status(run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     table = rows(lab)
     for row in table:
         row["namespace_present"] = row["namespace"] in present
-    return {
-        "run_dir": str(folder),
-        "id": lab.get("id"),
-        "subnet": lab["subnet"],
-        "bridge": lab["bridge"],
-        "master": lab["master"],
-        "hosts": table,
-        "faults": lab.get("faults", []),
-    }
+    return LabStatus(
+        run_dir=str(folder),
+        id=lab.get("id"),
+        subnet=lab["subnet"],
+        bridge=lab["bridge"],
+        master=lab["master"],
+        hosts=[LabHostRow(**row) for row in table],
+        faults=lab.get("faults", []),
+    )
