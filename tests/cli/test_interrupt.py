@@ -103,12 +103,14 @@ def _stop(
             proc.communicate()
 
 
+# Long enough that no configuration finishes its 1,000 rounds before the first progress line
+# (5 s on a pipe): the stop must find every worker mid-run.
 MULTITURN = [
     "bench",
     "multiturn",
     "--accounting-only",
     "--clients",
-    "16",
+    "128",
     "--rounds",
     "1000",
     "--new-tokens",
