@@ -112,6 +112,7 @@ class CacheParts:
             arrival: Arrival | None = None,
             count_hits: bool = True,
             hold_tail: bool = False,
+            known: TokenKeys | None = None,
         ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]: ...
 
         def _finish(
