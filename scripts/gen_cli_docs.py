@@ -35,6 +35,7 @@ RESULT_MODELS = {
     "hicache inspect layout": "hicache_ops.commands.inspect.results:LayoutResult",
     "hicache inspect store": "hicache_ops.commands.inspect.results:StoreResult",
     "hicache lab down": "hicache_ops.commands.lab.results:LabDown",
+    "hicache lab fault": "hicache_ops.commands.lab.results:LabFault",
     "hicache lab status": "hicache_ops.commands.lab.results:LabStatus",
     "hicache lab up": "hicache_ops.commands.lab.results:LabStatus",
     "hicache trace show": "hicache_ops.commands.trace.show_result:TapSummary",

@@ -35,6 +35,9 @@ def test_version_json():
     result = hicache(["--version", "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
+    assert list(info) == ["hicache_ops", "sglang", "mooncake"]
+    assert list(info["sglang"]) == ["supported", "default", "installed"]
+    assert list(info["mooncake"]) == ["measured", "installed"]
     assert info["hicache_ops"] == hicache_ops.__version__
     assert info["sglang"]["supported"] == list(SUPPORTED_VERSIONS)
     assert info["sglang"]["installed"] == metadata.version("sglang")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -10,6 +10,9 @@ from rich.markup import escape
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
 from hicache_ops.cli.common.options import JsonOption
 from hicache_ops.cli.common.output import emit, reporting, stdout
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.lab.results import LabFault
 
 app = typer.Typer(
     cls=HicacheGroup,
@@ -160,11 +163,8 @@ def fault(
         from hicache_ops.commands.lab.status import status as lab_status
         from hicache_ops.results import json_data
 
-        data = lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir)
-        data.pop("lab")
-
-        def render(d: dict[str, Any]) -> None:
-            stdout.print(f"[bold]fault {d['name']}[/] on {d['host']}: {escape(d['detail'])}")
+        def render(result: LabFault) -> None:
+            stdout.print(f"[bold]fault {result.name}[/] on {result.host}: {escape(result.detail)}")
             _table(json_data(lab_status(run_dir)))
 
-        emit(data, json_output, render)
+        emit(lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir), json_output, render)

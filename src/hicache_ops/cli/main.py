@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 import typer
 
@@ -16,7 +15,7 @@ from hicache_ops.cli import tap as tap_command
 from hicache_ops.cli import te as te_command
 from hicache_ops.cli import watch as watch_command
 from hicache_ops.cli.common.help import HicacheCommand, HicacheGroup, examples
-from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, print_error, stderr
+from hicache_ops.cli.common.output import ARGV, DEBUG_ENV, print_error, print_json, stderr
 from hicache_ops.errors import HicacheError, InputError
 
 
@@ -62,8 +61,13 @@ class _RootGroup(HicacheGroup):
         argv = list(sys.argv[1:] if args is None else args)
         if argv and set(argv) <= {"--version", "-V", "--json"} and set(argv) != {"--json"}:
             # `hicache --version --json`: the root takes no --json of its own, so answer here.
+            from hicache_ops.commands.version import version_info
+
             info = version_info()
-            sys.stdout.write((json.dumps(info, indent=2) if "--json" in argv else version_text(info)) + "\n")
+            if "--json" in argv:
+                print_json(info)
+            else:
+                sys.stdout.write(info.text() + "\n")
             sys.exit(0)
         if not _json_requested(argv):
             return super().main(args=argv, prog_name=prog_name, standalone_mode=standalone_mode, **extra)
@@ -82,65 +86,6 @@ class _RootGroup(HicacheGroup):
             sys.exit(1)
         # Without standalone mode a command's typer.Exit(code) comes back as its return value.
         sys.exit(code if isinstance(code, int) else 0)
-
-
-class _SglangVersions(TypedDict):
-    supported: list[str]
-    default: str
-    installed: str | None
-
-
-class _MooncakeWheel(TypedDict):
-    distribution: str
-    version: str
-
-
-class _MooncakeVersions(TypedDict):
-    measured: str
-    installed: _MooncakeWheel | None
-
-
-class VersionInfo(TypedDict):
-    """`hicache --version --json`."""
-
-    hicache_ops: str
-    sglang: _SglangVersions
-    mooncake: _MooncakeVersions
-
-
-def version_info() -> VersionInfo:
-    """hicache-ops' version, the SGLang releases it knows, and the Mooncake release (metadata only)."""
-    from importlib import metadata
-
-    from hicache_ops import __version__
-    from hicache_ops.mooncake import versions as mooncake_versions
-    from hicache_ops.sglang.versions import SUPPORTED_VERSIONS, default_version
-
-    try:
-        sglang: str | None = metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        sglang = None
-    mooncake = mooncake_versions.installed()
-    return {
-        "hicache_ops": __version__,
-        "sglang": {"supported": list(SUPPORTED_VERSIONS), "default": default_version(), "installed": sglang},
-        "mooncake": {
-            "measured": mooncake_versions.MEASURED,
-            "installed": {"distribution": mooncake[0], "version": mooncake[1]} if mooncake else None,
-        },
-    }
-
-
-def version_text(info: VersionInfo) -> str:
-    sglang, mooncake = info["sglang"], info["mooncake"]
-    installed = mooncake["installed"]
-    return (
-        f"hicache-ops {info['hicache_ops']}\n"
-        f"SGLang {', '.join(sglang['supported'])} (default {sglang['default']}; "
-        f"{'installed ' + sglang['installed'] if sglang['installed'] else 'not installed'})\n"
-        f"Mooncake {mooncake['measured']} (measured; "
-        f"{'installed ' + installed['distribution'] + ' ' + installed['version'] if installed else 'not installed'})"
-    )
 
 
 app = typer.Typer(
@@ -163,7 +108,9 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        sys.stdout.write(version_text(version_info()) + "\n")
+        from hicache_ops.commands.version import version_info
+
+        sys.stdout.write(version_info().text() + "\n")
         raise typer.Exit()
 
 

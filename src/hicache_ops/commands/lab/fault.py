@@ -20,13 +20,16 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_ops.commands.lab import processes, state, topology
 from hicache_ops.commands.lab.state import Lab
 from hicache_ops.commands.lab.status import serve_segment
 from hicache_ops.commands.lab.up import spawn_serve, start_master, wait_serve
 from hicache_ops.errors import HicacheError, InputError, SettingError
+
+if TYPE_CHECKING:
+    from hicache_ops.commands.lab.results import LabFault
 
 FAULTS = ("loopback-hostname", "host-down", "partition", "master-restart", "slow-link", "heal")
 DEFAULT_SLOW_MS = 200.0
@@ -97,7 +100,11 @@ def fault(
     *,
     latency_ms: float = DEFAULT_SLOW_MS,
     run_dir: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
+) -> LabFault:
+    """Inject fault `name` on lab host `host` (the first serve host by default) and record it in the
+    lab's state (a restart or a heal is recorded as no fault)."""
+    from hicache_ops.commands.lab.results import LabFault
+
     if name not in FAULTS:
         raise InputError(f"no fault named {name!r}.", hint=f"Known faults: {', '.join(FAULTS)}.")
     topology.require_namespaces()
@@ -141,4 +148,4 @@ def fault(
     if name not in ("heal", "master-restart"):  # a restart is an event, not a state to heal
         lab["faults"].append(entry)
     state.save(folder, lab)
-    return {**entry, "lab": lab}
+    return LabFault(**entry)

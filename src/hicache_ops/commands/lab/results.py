@@ -1,4 +1,4 @@
-"""The result models of `hicache lab up`, `status` and `down` (their --json)."""
+"""The result models of `hicache lab up`, `status`, `down` and `fault` (their --json)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,13 @@ class LabDown(Result):
     not_reaped: list[int] = Field(description="PIDs gone but not yet reaped by their parent (zombies)")
     namespaces_removed: list[str] = Field(description="the namespaces removed")
     run_dir: str = Field(description="the lab's state folder (removed)")
+
+
+class LabFault(Result):
+    """`hicache lab fault --json`: the fault injected (or healed)."""
+
+    name: str = Field(
+        description="the fault: loopback-hostname, host-down, partition, master-restart, slow-link or heal"
+    )
+    host: str = Field(description="the lab host it hit (h0 for master-restart)")
+    detail: str = Field(description="what was done, in one sentence")
