@@ -10,13 +10,18 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions
 from rich.table import Table
 from rich.text import Text
-from typer import _click, rich_utils  # _click: the Click that Typer bundles, which its own methods take
+from typer import rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+if TYPE_CHECKING:
+    # The Click that Typer bundles, whose Context, Parameter and HelpFormatter Typer's methods take:
+    # Typer exports no public name for the last two, so it is named for the annotations only.
+    from typer import _click
 
 # Shown for a value whose option declares no metavar of its own.
 _FALLBACK_METAVAR = {int: "N", float: "NUM", str: "TEXT"}
@@ -146,14 +151,17 @@ def _help_tables() -> Iterator[None]:
 
 class HicacheCommand(TyperCommand):
     def invoke(self, ctx: _click.Context) -> Any:
-        from hicache_ops.cli.common.output import COMMAND_FLAGS
+        """Run the command with its flags (COMMAND_FLAGS) and its context's meta (COMMAND_META, what
+        its options read) recorded for the output functions."""
+        from hicache_ops.cli.common.output import COMMAND_FLAGS, COMMAND_META
 
         flags = {p.name: max(p.opts, key=len) for p in self.params if p.name and p.opts and p.opts[0].startswith("-")}
-        token = COMMAND_FLAGS.set(flags)
+        tokens = COMMAND_FLAGS.set(flags), COMMAND_META.set(ctx.meta)
         try:
             return super().invoke(ctx)
         finally:
-            COMMAND_FLAGS.reset(token)
+            COMMAND_FLAGS.reset(tokens[0])
+            COMMAND_META.reset(tokens[1])
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         with _help_tables():

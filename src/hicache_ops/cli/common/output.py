@@ -39,15 +39,15 @@ RULES = "hicache.sglang_rules"
 COMMAND_FLAGS: ContextVar[Mapping[str, str]] = ContextVar("command_flags", default=MappingProxyType({}))
 # The invocation's arguments (set by the root app), for options whose meaning depends on another.
 ARGV: ContextVar[tuple[str, ...]] = ContextVar("argv", default=())
+# The running command's `ctx.meta` (set by HicacheCommand.invoke), where its options leave what
+# they read (PROVENANCE, RULES) for emit. Typer has no public way to ask for the current context.
+COMMAND_META: ContextVar[Mapping[str, Any]] = ContextVar("command_meta", default=MappingProxyType({}))
 
 
 def provenance_fields() -> dict[str, Any]:
     """The JSON fields the running command's options add (what --sglang-url read, the rules
     --sglang-version chose, its warnings as `notes`); empty without those options."""
-    from typer._click.globals import get_current_context  # the Click Typer bundles, whose contexts these are
-
-    ctx = get_current_context(silent=True)
-    meta = ctx.meta if ctx is not None else {}
+    meta = COMMAND_META.get()
     fields: dict[str, Any] = {}
     if meta.get(RULES) is not None:
         rules, notes = meta[RULES]
