@@ -131,11 +131,14 @@ def _nested(tp) -> tuple[str, type] | None:
 def field_rows(model, prefix: str = "") -> list[tuple[str, str, str]]:
     """(field path, JSON type, description) of every field of `model`, nested models expanded."""
     rows = []
+    optional = model.optional_fields()
     for name, info in model.model_fields.items():
         if info.exclude:
             continue  # not in the JSON (a flag the model's serializer reads)
         path = f"{prefix}{info.serialization_alias or info.alias or name}"
-        only = " (only with the option that adds it)" if name in model.optional_fields() else ""
+        only = ""
+        if name in optional:
+            only = f" (only with {optional[name]})" if optional[name] else " (only with the option that adds it)"
         rows.append((path, _type_name(info.annotation), (info.description or "") + only))
         found = _nested(info.annotation)
         if found:

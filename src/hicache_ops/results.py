@@ -9,9 +9,19 @@ scripts/gen_cli_docs.py), so a field documents itself where it is declared.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, model_serializer
+
+
+class OnlyWith(NamedTuple):
+    """A group of fields present only with an option (or in one case of the result): all left out of
+    the JSON while `given` (a field, `fields[0]` by default) is None or False, all there (null or
+    not) once it is set, so the JSON without the option keeps its shape."""
+
+    option: str  # what adds them, as the reference says it: "--master", "a split-heads layout"
+    fields: tuple[str, ...]
+    given: str | None = None  # the field that says the option was given; may be excluded from the JSON
 
 
 class Result(BaseModel):
@@ -22,14 +32,16 @@ class Result(BaseModel):
     # Fields left out of the JSON while they are None: those an option adds (--sglang-url's
     # server_disagreements), so the JSON without that option keeps its shape.
     omit_if_none: ClassVar[tuple[str, ...]] = ()
-    # field -> the fields that go with it: all are left out while that field is None (inspect keys'
-    # live fields, present only with --master).
-    omit_with: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Groups of fields an option adds, left out together without it (inspect keys' live fields,
+    # present only with --master).
+    only_with: ClassVar[tuple[OnlyWith, ...]] = ()
 
     @classmethod
-    def optional_fields(cls) -> set[str]:
-        """The fields an option adds: absent from the JSON without it."""
-        return set(cls.omit_if_none) | {f for key, rest in cls.omit_with.items() for f in (key, *rest)}
+    def optional_fields(cls) -> dict[str, str | None]:
+        """The fields an option adds, absent from the JSON without it: field -> that option (None
+        where the model does not name it)."""
+        named = {field: group.option for group in cls.only_with for field in group.fields}
+        return {name: None for name in cls.omit_if_none if name not in named} | named
 
     @model_serializer(mode="wrap")
     def _drop_absent(self, handler: Any) -> Any:
@@ -37,9 +49,10 @@ class Result(BaseModel):
         for name in self.omit_if_none:
             if data.get(name) is None:
                 data.pop(name, None)
-        for name, rest in self.omit_with.items():
-            if getattr(self, name) is None:
-                for field in (name, *rest):
+        for group in self.only_with:
+            given = getattr(self, group.given or group.fields[0])
+            if given is None or given is False:
+                for field in group.fields:
                     data.pop(field, None)
         return data
 

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from cli_runner import hicache
 from hicache_ops.cli.common.output import json_data
-from hicache_ops.results import Result
+from hicache_ops.results import OnlyWith, Result
 
 KEYS_FIELDS = [
     "sglang_version",
@@ -31,7 +31,7 @@ KEYS_FIELDS = [
 
 class _Live(Result):
     omit_if_none = ("extra",)
-    omit_with = {"master": ("found",)}
+    only_with = (OnlyWith("--master", ("master", "found")),)
 
     name: str = Field(description="a name")
     extra: int | None = Field(None, description="added by an option")
@@ -44,7 +44,23 @@ def test_fields_an_option_adds_are_absent_without_it():
     # found stays (as null) once master is there: only master's absence removes it.
     assert json_data(_Live(name="a", master="m")) == {"name": "a", "master": "m", "found": None}
     assert list(json_data(_Live(name="a", extra=0, master="m", found=3))) == ["name", "extra", "master", "found"]
-    assert _Live.optional_fields() == {"extra", "master", "found"}
+    assert _Live.optional_fields() == {"extra": None, "master": "--master", "found": "--master"}
+
+
+class _Served(Result):
+    # a group whose presence an excluded field says: present with the option even when all are null
+    only_with = (OnlyWith("--sglang-url", ("layout", "note"), given="with_server"),)
+    with_server: bool = Field(False, exclude=True)
+
+    name: str = Field(description="a name")
+    layout: dict | None = Field(None, description="with --sglang-url")
+    note: str | None = Field(None, description="with --sglang-url, may be null")
+
+
+def test_a_group_given_by_an_excluded_field():
+    assert json_data(_Served(name="a")) == {"name": "a"}
+    assert json_data(_Served(name="a", with_server=True)) == {"name": "a", "layout": None, "note": None}
+    assert json_data(_Served(name="a", layout={}, note="n")) == {"name": "a"}  # without the option: none
 
 
 def test_inspect_keys_json_fields_and_order_without_master():
@@ -74,3 +90,15 @@ def test_help_loads_no_result_model():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "LOADED []" in out
+
+
+def test_inspect_layout_objects_carry_heads_and_split_only_when_heads_are_split():
+    def objects(*args: str) -> list[list[str]]:
+        result = hicache(["inspect", "layout", "--preset", "llama-3.1-8b", "--tp-size", "2", *args, "--json"])
+        assert result.exit_code == 0, result.stdout
+        return [list(o) for page in json.loads(result.stdout)["pages"] for o in page["objects"]]
+
+    plain = ["buffer", "offset", "size", "part"]
+    assert set(map(tuple, objects())) == {tuple(plain)}
+    split = objects("--layout", "page_head", "--tp-lcm-size", "4")
+    assert set(map(tuple, split)) == {(*plain, "heads", "split")}

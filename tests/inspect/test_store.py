@@ -60,6 +60,21 @@ def filled_master():
         master.stop()
 
 
+# `inspect store --json` without --sglang-url: the fields it printed before StoreResult, in order; the
+# four --sglang-url fields (pool_source, l3_layout, l3_layout_note, server_pools) absent, even null.
+STORE_FIELDS = [
+    "master", "ready", "health", "segments", "segment_problems", "capacity_bytes", "used_bytes", "used_fraction",
+    "key_count", "metrics", "limit", "prefix_filter", "matched_keys", "warmup_keys", "unified_scheme_keys",
+    "other_keys", "groups", "group_count", "other_key_samples", "truncated",
+]  # fmt: skip
+
+
+def test_store_json_fields_without_sglang_url(mooncake_master):
+    result = invoke("inspect", "store", "--master", mooncake_master.metrics_address, "--json")
+    assert result.exit_code == 0, result.output
+    assert list(json.loads(result.stdout)) == STORE_FIELDS
+
+
 def test_parse_object_key():
     pk = PK[0]
     assert parse_object_key(f"Qwen-Qwen3-0.6B_{pk}_0_k") == ObjectKeyParts("Qwen-Qwen3-0.6B_", pk, "0", "k")

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from hicache_ops.results import Result
+from hicache_ops.results import OnlyWith, Result
 
 
 class GeometryView(Result):
@@ -47,7 +47,7 @@ class BufferView(Result):
 
 class PageObjectView(Result):
     omit_if_none = ("layer",)
-    omit_with = {"heads": ("split",)}
+    only_with = (OnlyWith("a split-heads layout", ("heads", "split")),)
 
     buffer: str = Field(description="the buffer the range is in")
     offset: int = Field(description="byte offset from the buffer's start")
@@ -96,7 +96,7 @@ class HostPoolView(Result):
 
 class SideObjectView(Result):
     omit_if_none = ("layer",)
-    omit_with = {"heads": ("split",)}
+    only_with = (OnlyWith("a split-heads layout", ("heads", "split")),)
 
     suffix: str = Field(description="the object's suffix (the key after the page key)")
     buffer: str = Field(description="the buffer the range is in")

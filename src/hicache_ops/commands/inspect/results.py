@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, model_serializer
+from pydantic import Field
 
-from hicache_ops.results import Result
+from hicache_ops.results import OnlyWith, Result
 from hicache_ops.sglang.views import (
     BufferView,
     DevicePoolView,
@@ -40,11 +40,14 @@ SidePool = SidePoolView  # a side pool as inspect keys lists it
 class InspectKeysResult(Result):
     """`hicache inspect keys --json`."""
 
-    omit_with = {
-        "master": ("contiguous_pages", "first_missing", "diagnosis", "store_keys", "kv_contiguous_pages"),
-        "pool_hit_pages": ("restorable_prefix_pages",),
-        "pool_source": ("l3_layout", "pool_disagreements"),
-    }
+    only_with = (
+        OnlyWith(
+            "--master",
+            ("master", "contiguous_pages", "first_missing", "diagnosis", "store_keys", "kv_contiguous_pages"),
+        ),
+        OnlyWith("--master and side pools", ("pool_hit_pages", "restorable_prefix_pages")),
+        OnlyWith("--sglang-url", ("pool_source", "l3_layout", "pool_disagreements")),
+    )
 
     sglang_version: str = Field(description="the key scheme used (`0.5.14` or `0.5.23`)")
     page_size: int = Field(description="tokens per page")
@@ -188,7 +191,9 @@ class StoreResult(Result):
     """`hicache inspect store --json`: the master's health, segments, key counts and SGLang key groups."""
 
     # Present only with --sglang-url (its pools are checked against the listing), null or not.
-    server_fields: ClassVar[tuple[str, ...]] = ("pool_source", "l3_layout", "l3_layout_note", "server_pools")
+    only_with = (
+        OnlyWith("--sglang-url", ("pool_source", "l3_layout", "l3_layout_note", "server_pools"), given="with_server"),
+    )
     with_server: bool = Field(False, exclude=True)
 
     master: str = Field(description="the master's HOST:METRICS_PORT")
@@ -215,15 +220,3 @@ class StoreResult(Result):
     l3_layout: L3LayoutView | None = Field(None, description="with --sglang-url: the server's L3 layout")
     l3_layout_note: str | None = Field(None, description="with --sglang-url: why no layout was read")
     server_pools: dict[str, Any] | None = Field(None, description="with --sglang-url: each pool checked in the listing")
-
-    @classmethod
-    def optional_fields(cls) -> set[str]:
-        return set(cls.server_fields)
-
-    @model_serializer(mode="wrap")
-    def _drop_absent(self, handler: Any) -> Any:
-        data = handler(self)
-        if not self.with_server:
-            for name in self.server_fields:
-                data.pop(name, None)
-        return data
