@@ -93,6 +93,31 @@ def test_partial_last_block_is_a_prefix_of_the_full_block_and_its_partial_page_i
     assert replay_baseline.ceiling(trace, 64).cached_tokens == 960 + 960
 
 
+@pytest.mark.parametrize("page_size", [16, 64, 512])
+def test_block_keys_are_the_keys_the_engine_computes(tmp_path, page_size):
+    """bench replay hands the engine each prompt's page keys, hashed once per (prior key, block):
+    they are exactly what the cache's keys_for gives the prompt (whole pages, partial last blocks,
+    a prompt cut inside a block, blocks seen again after another prefix)."""
+    from hicache_ops.commands.bench.replay import BlockKeys, _build_cache
+
+    lines = [mooncake_line(0, [1, 2, 3]), mooncake_line(1, [1, 2, 4], length=1300), mooncake_line(2, [2])]
+    lines += [mooncake_line(3, [5, 2], length=700), mooncake_line(4, [1], length=100)]
+    cache, _ = _build_cache(ReplaySpec(page_size=page_size, l1_tokens=1 << 20, l3="none"))
+    for trace in (load_trace(write_lines(tmp_path / "t.jsonl", lines)), load_trace(str(SLICE), limit=80)):
+        source = TokenSource(trace)
+        assert BlockKeys.applies(trace, page_size)
+        block_keys = BlockKeys(source, page_size)
+        for _ in range(2):  # cold, then every block known
+            compared = 0
+            for request in trace.requests:
+                tokens = source.tokens(request)
+                keys = block_keys(request, tokens.size)
+                assert keys == cache.keys_for(tokens, None, None)[0]
+                compared += len(keys)
+            assert compared > len(trace.requests)
+        assert not BlockKeys.applies(trace, 48)  # a 48-token page straddles blocks: the engine hashes
+
+
 def test_mooncake_page_ids_stand_for_sglang_page_keys_exactly():
     """The ceiling's integer page identities are equal exactly where the page keys are."""
     trace = load_trace(str(SLICE))

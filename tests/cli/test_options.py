@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from cli_runner import leaf_commands
+import pytest
+
+from cli_runner import hicache, leaf_commands
 
 # (option, command) uses that differ from the shared declaration on purpose, and why.
 DIFFERENT_ON_PURPOSE = {
@@ -137,3 +139,43 @@ def test_choice_enums_hold_their_library_tables():
 
     for choices, table in CHOICE_TABLES.items():
         assert tuple(member.value for member in choices) == table, choices.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# --l3-bandwidth-gbps: the modelled L3 transfer rate (docs/controller.md#transfer-time)
+# ---------------------------------------------------------------------------------------------
+
+ENGINE_SPEC_COMMANDS = (("serve",), ("trace", "read"), ("trace", "write"), ("bench", "multiturn"))
+
+
+def test_l3_bandwidth_is_one_flag_of_every_command_that_builds_the_engine():
+    uses = option_uses()
+    assert {" ".join(c) for c in ENGINE_SPEC_COMMANDS} <= set(uses["--l3-bandwidth-gbps"])
+
+
+@pytest.mark.parametrize("value", ["0", "-2.5", "nan"])
+@pytest.mark.parametrize("command", ENGINE_SPEC_COMMANDS)
+def test_l3_bandwidth_of_zero_or_less_is_refused_in_one_sentence(command, value):
+    result = hicache([*command, "--l3-bandwidth-gbps", value])
+    assert result.exit_code == 2
+    text = " ".join(result.output.replace("│", " ").split())  # the error box wraps the sentence
+    assert "Gbit/s is not a bandwidth: give a rate above 0, or leave it out (unlimited)." in text
+    assert "Traceback" not in result.output
+
+
+def test_l3_bandwidth_makes_the_timeout_stop_policy_cut_bench_multiturns_prefetches():
+    """The flag reaches the engine: at 0.0001 Gbit/s (12.5 kB/s) every L3 read outlasts SGLang's
+    timeout budget (the default stop policy), so the same prefetches are issued and none lands;
+    unlimited, they land (tests/engine/test_transfer_time.py has the engine's arithmetic)."""
+    import json
+
+    args = ["bench", "multiturn", "--accounting-only", "--clients", "8", "--rounds", "6", "--new-tokens", "512"]
+    args += ["--l1-tokens", "8192", "--workers", "1", "--json", "-q"]
+    runs = {}
+    for name, extra in (("unlimited", []), ("slow", ["--l3-bandwidth-gbps", "0.0001"])):
+        result = hicache([*args, *extra])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(result.stdout)["configurations"]["l1_l2_l3"]
+    assert runs["unlimited"]["prefetches"]["issued"] == runs["slow"]["prefetches"]["issued"] > 0
+    assert runs["unlimited"]["storage_hit_tokens"] > 0
+    assert runs["slow"]["storage_hit_tokens"] == 0

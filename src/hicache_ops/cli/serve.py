@@ -29,6 +29,7 @@ from hicache_ops.cli.common.options import (
     HostLayout,
     IoBackend,
     IoBackendOption,
+    L3BandwidthOption,
     LayoutOption,
     ModelNameOption,
     PageSizeOption,
@@ -43,6 +44,7 @@ from hicache_ops.cli.common.options import (
     TpSizeOption,
     WritePolicy,
     WritePolicyOption,
+    l3_bandwidth_bytes_s,
 )
 from hicache_ops.cli.common.output import native_stderr_to_file, reporting, stderr
 from hicache_ops.errors import InputError
@@ -160,6 +162,7 @@ def serve(
             metavar="MS",
         ),
     ] = 0.0,
+    l3_bandwidth_gbps: L3BandwidthOption = None,
     tokenizer: TokenizerOption = None,
     preset: PresetOption = "tiny",
     dtype: DtypeOption = None,
@@ -219,6 +222,7 @@ def serve(
             settings,
             side_pools=side_pools(ctx, settings),
             torch_device=check_device(device.value, tp_size),
+            l3_bandwidth_bytes_s=l3_bandwidth_bytes_s(l3_bandwidth_gbps),
         ).validate(mooncake=l3 != "none")  # pools that cannot fit are refused before a master starts
         target = L3Target.parse(l3)
         if tokenizer is not None:

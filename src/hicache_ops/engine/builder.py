@@ -55,6 +55,8 @@ class EngineSpec:
     dcp_size: int = 1
     # Side pools written and checked with the KV (docs/side-pools.md#side-objects-in-the-engine).
     side_pools: tuple[PoolSpec, ...] = ()
+    # Modelled L3 transfer rate (docs/controller.md#transfer-time); None: unlimited.
+    l3_bandwidth_bytes_s: float | None = None
 
     @classmethod
     def of(
@@ -64,8 +66,10 @@ class EngineSpec:
         *,
         side_pools: tuple[PoolSpec, ...] = (),
         torch_device: str = "auto",
+        l3_bandwidth_bytes_s: float | None = None,
     ) -> EngineSpec:
-        """The engine that mirrors a deployment: its topology, pool sizes and policies, with this geometry."""
+        """The engine that mirrors a deployment: its topology, pool sizes and policies, with this geometry
+        (and the modelled L3 transfer rate, which no SGLang flag sets)."""
         dep, sizing, policies = settings.topology, settings.sizing, settings.policies
         return cls(
             geometry=geometry,
@@ -87,6 +91,7 @@ class EngineSpec:
             dcp_size=dep.dcp_size,
             torch_device=torch_device,
             side_pools=side_pools,
+            l3_bandwidth_bytes_s=l3_bandwidth_bytes_s,
         )
 
     def validate(self, *, mooncake: bool) -> EngineSpec:
@@ -212,6 +217,7 @@ class EngineSpec:
             sglang_version=self.sglang_version,
             timeout_budget=self.timeout_budget,
             enable_l2=self.enable_l2,
+            l3_bandwidth_bytes_s=self.l3_bandwidth_bytes_s,
         )
 
     def rank_devices(self) -> list[str]:

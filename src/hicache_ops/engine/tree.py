@@ -249,7 +249,8 @@ class RadixTree:
         if node.host is not None:
             self.duplicates[node.id] = node
         self._refresh(node)
-        self._refresh(node.parent)
+        if node.parent is not self.root:  # hot: most parents of a flat tree are the root
+            self._refresh(node.parent)
 
     def set_host(self, node: Node, pages: list[int]) -> None:
         """The host copy is acknowledged: the node is backed up."""
@@ -258,7 +259,8 @@ class RadixTree:
         if node.device is not None:
             self.duplicates[node.id] = node
         self._refresh(node)
-        self._refresh(node.parent)
+        if node.parent is not self.root:  # hot: most parents of a flat tree are the root
+            self._refresh(node.parent)
 
     def _drop_device(self, node: Node) -> list[int]:
         pages, node.device = node.device, None
@@ -268,7 +270,8 @@ class RadixTree:
         node.parent.device_children -= 1
         self.duplicates.pop(node.id, None)
         self._refresh(node)
-        self._refresh(node.parent)
+        if node.parent is not self.root:  # hot: most parents of a flat tree are the root
+            self._refresh(node.parent)
         return pages
 
     def _drop_host(self, node: Node) -> list[int]:
@@ -277,7 +280,8 @@ class RadixTree:
         node.parent.host_children -= 1
         self.duplicates.pop(node.id, None)
         self._refresh(node)
-        self._refresh(node.parent)
+        if node.parent is not self.root:  # hot: most parents of a flat tree are the root
+            self._refresh(node.parent)
         return pages
 
     def _delete(self, node: Node) -> None:

@@ -205,6 +205,13 @@ def _chain(tokens: np.ndarray, page_size: int, prior_hex: str | None) -> list[st
     return _chain_python(tokens, page_size, prior)
 
 
+def chain_keys(tokens: np.ndarray, page_size: int, prior: str | None) -> list[str]:
+    """What page_keys gives with no namespace (or continuing after the key `prior`), without its
+    checks: for a 1-D array of ids in 0..2**32-1 (uint32, say), whole pages only (its length a
+    multiple of `page_size`). The caller vouches for the tokens (bench replay's block table)."""
+    return _chain(tokens, page_size, prior)
+
+
 def native_available() -> bool:
     """Whether the native hash loop was built (keys are the same either way)."""
     return _pagehash is not None

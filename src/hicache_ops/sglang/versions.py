@@ -56,8 +56,10 @@ def parse(version: str) -> tuple[int, int, int, int]:
     return int(major), int(minor), int(micro), int(post or 0)
 
 
+@functools.lru_cache(maxsize=1024)
 def since(version: str, release: str) -> bool:
-    """Whether `version` is `release` or newer (the rule changed in `release`)."""
+    """Whether `version` is `release` or newer (the rule changed in `release`). Memoized: the
+    engine's policy rules ask it on every request."""
     return parse(version) >= parse(release)
 
 

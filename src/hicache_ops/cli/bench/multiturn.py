@@ -13,6 +13,7 @@ from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import (
     HicacheRatioOption,
     JsonOption,
+    L3BandwidthOption,
     OptionalServeOption,
     PageSizeOption,
     PlotOption,
@@ -23,6 +24,7 @@ from hicache_ops.cli.common.options import (
     WritePolicy,
     WritePolicyOption,
     check_plot_path,
+    l3_bandwidth_bytes_s,
     value_of,
 )
 from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
@@ -277,6 +279,7 @@ def multiturn(
             show_default=False,
         ),
     ] = None,
+    l3_bandwidth_gbps: L3BandwidthOption = None,
     serve: OptionalServeOption = None,
     timeout: TimeoutOption = 60.0,
     quiet: QuietOption = False,
@@ -314,8 +317,13 @@ def multiturn(
             sglang_version=value_of(sglang_version) or default_version(),
             preset=preset or "tiny",
             concurrency=concurrency,
+            l3_bandwidth_bytes_s=l3_bandwidth_bytes_s(l3_bandwidth_gbps),
         ).validate()
         if serve is not None:
+            if l3_bandwidth_gbps is not None:
+                raise InputError(
+                    "--l3-bandwidth-gbps models the embedded engine's L3; with --serve the serve's own L3 answers."
+                )
             _over_http(spec, serve, timeout, quiet, json_output)
             return
         from hicache_ops.cli.common.output import native_stderr_to_file

@@ -44,6 +44,19 @@ def _not_negative(ctx: typer.Context, param: typer.CallbackParam, value: int | N
     return value
 
 
+def _positive_bandwidth(ctx: typer.Context, param: typer.CallbackParam, value: float | None) -> float | None:
+    if value is not None and not value > 0:  # NaN too
+        raise typer.BadParameter(
+            f"{value:g} Gbit/s is not a bandwidth: give a rate above 0, or leave it out (unlimited)."
+        )
+    return value
+
+
+def l3_bandwidth_bytes_s(gbps: float | None) -> float | None:
+    """--l3-bandwidth-gbps (gigabits per second, as links are rated) in the engine's bytes per second."""
+    return None if gbps is None else gbps * 1e9 / 8
+
+
 # Written out so the type checker knows the members; tests/cli/test_options.py checks that each
 # holds exactly its library table (LAYOUTS, IO_BACKENDS, WRITE_POLICIES, STOP_POLICIES).
 class HostLayout(StrEnum):
@@ -518,6 +531,19 @@ PrefetchThresholdOption = Annotated[
         help="Extra-config prefetch_threshold: fewest L3-hit tokens worth a prefetch.",
         metavar="TOKENS",
         callback=_not_negative,
+        rich_help_panel=DEPLOYMENT,
+    ),
+]
+L3BandwidthOption = Annotated[
+    float | None,
+    typer.Option(
+        "--l3-bandwidth-gbps",
+        help="Modelled L3 transfer rate in Gbit/s (a 100 Gbit/s link: 12.5 GB/s): an L3 read batch and a write take "
+        "their bytes over it, so the timeout and best_effort stop policies can cut a prefetch "
+        "(docs/controller.md#transfer-time). Default: unlimited (L3 answers at once).",
+        metavar="GBPS",
+        show_default=False,
+        callback=_positive_bandwidth,
         rich_help_panel=DEPLOYMENT,
     ),
 ]

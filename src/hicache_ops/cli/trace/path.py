@@ -19,6 +19,7 @@ from hicache_ops.cli.common.options import (
     ExtraKeyOption,
     HostLayout,
     JsonOption,
+    L3BandwidthOption,
     LayoutOption,
     LineOption,
     ModelNameOption,
@@ -238,12 +239,18 @@ def _trace(ctx: typer.Context, kind: str) -> None:
 def _spec(ctx: typer.Context):
     """The embedded engine the deployment options describe (geometry from --preset), checked before a master starts."""
     from hicache_ops.cli.common.deployment import deployment_settings, side_pools
+    from hicache_ops.cli.common.options import l3_bandwidth_bytes_s
     from hicache_ops.engine.builder import EngineSpec
     from hicache_ops.sglang.geometry import preset as load_preset
 
     geometry = load_preset(ctx.params["preset"])
     settings = deployment_settings(ctx, mla=geometry.mla)
-    return EngineSpec.of(geometry, settings, side_pools=side_pools(ctx, settings)).validate(mooncake=True)
+    return EngineSpec.of(
+        geometry,
+        settings,
+        side_pools=side_pools(ctx, settings),
+        l3_bandwidth_bytes_s=l3_bandwidth_bytes_s(ctx.params["l3_bandwidth_gbps"]),
+    ).validate(mooncake=True)
 
 
 # The options that configure the embedded engine (refused with --serve, whose own settings apply).
@@ -259,6 +266,7 @@ ENGINE_OPTIONS = (
     "write_policy",
     "prefetch_policy",
     "prefetch_threshold",
+    "l3_bandwidth_gbps",
     "layout",
     "pool",
     "pool_preset",
@@ -293,6 +301,7 @@ def _command(kind: str):
         write_policy: WritePolicyOption = WritePolicy.write_through,
         prefetch_policy: StopPolicyOption = StopPolicy.timeout,
         prefetch_threshold: PrefetchThresholdOption = 256,
+        l3_bandwidth_gbps: L3BandwidthOption = None,
         layout: LayoutOption = HostLayout.page_first,
         pool: PoolOption = None,
         pool_preset: PoolPresetOption = None,

@@ -64,6 +64,8 @@ class MultiturnSpec:
     # together and the scheduler model admits them (engine/scheduler.py).
     concurrency: int | None = None
     preset: str = "tiny"  # the KV geometry behind the byte counts (and the real-bytes pools)
+    # Modelled L3 transfer rate in bytes/s (docs/controller.md#transfer-time); None: unlimited.
+    l3_bandwidth_bytes_s: float | None = None
 
     # -- derived sizes ------------------------------------------------------------------------
 
@@ -176,6 +178,7 @@ class MultiturnSpec:
             write_policy=self.write_policy,
             sglang_version=self.sglang_version,
             enable_l2=config != "l1",
+            l3_bandwidth_bytes_s=self.l3_bandwidth_bytes_s,
         )
 
     @property

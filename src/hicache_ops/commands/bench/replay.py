@@ -32,10 +32,11 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
-from hicache_ops.commands.bench.replay_trace import TokenSource, Trace
+from hicache_ops.commands.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, Trace, TraceRequest
 from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
 from hicache_ops.sglang.hit_policy import LoadablePrefix, kv_only
+from hicache_ops.sglang.page_keys import chain_keys
 from hicache_ops.sglang.versions import NEWEST, validate_version
 
 if TYPE_CHECKING:
@@ -320,14 +321,78 @@ def _build_cache(spec: ReplaySpec):
     return build_accounting(engine_spec, l3=True, shared_l3=l3), l3
 
 
-def _serve_group(cache, group, tokens: TokenSource, totals: dict) -> None:
+class BlockKeys:
+    """The page keys of mooncake-format prompts, hashed once per block and run (given to the
+    engine's prefill as known keys, so it hashes nothing).
+
+    Page keys are chained (docs/keys.md#page-keys): a page's key depends on its tokens and the key
+    before it alone. When the page size divides the 512-token block, a block is whole pages, and
+    its keys depend only on its tokens (its row in the block table) and the key of the page
+    before it: the block's keys are computed once per (prior key, row) and reused. A prompt's keys
+    are its blocks' keys laid end to end, cut to its whole pages (a partial last block's pages are
+    the first of the whole block's). The keys are those `TieredCache.keys_for` gives a prompt with
+    no namespace (tree and L3 keys alike, in both versions); mooncake lines carry none.
+    Memory: one list of 512 / page size keys per distinct (prior key, block), about half the
+    block table's 2 KiB per id at 64-token pages; dropped with the run.
+    """
+
+    def __init__(self, tokens: TokenSource, page_size: int):
+        self.tokens = tokens
+        self.page_size = page_size
+        self._known: dict[tuple[str | None, int], list[str]] = {}
+        self._first: dict[int, list[str]] = {}  # a prompt's first block (no prior key): by row
+
+    @staticmethod
+    def applies(trace: Trace, page_size: int) -> bool:
+        return trace.format == "mooncake" and MOONCAKE_BLOCK_TOKENS % page_size == 0
+
+    def _block(self, prior: str | None, row: int) -> list[str]:
+        if prior is None:
+            keys = self._first.get(row)
+            if keys is None:
+                keys = self._first[row] = chain_keys(self.tokens.block(row), self.page_size, None)
+            return keys
+        keys = self._known.get((prior, row))
+        if keys is None:
+            keys = chain_keys(self.tokens.block(row), self.page_size, prior)
+            self._known[(prior, row)] = keys
+        return keys
+
+    def __call__(self, request: TraceRequest, prompt_tokens: int) -> list[str]:
+        """The keys of the whole pages of `request`'s prompt of `prompt_tokens` tokens."""
+        rows = self.tokens.block_rows(request)
+        pages = prompt_tokens // self.page_size
+        if isinstance(rows, int):  # hot: one block (a page-reference stream)
+            keys = self._first.get(rows)
+            if keys is None:
+                keys = self._first[rows] = chain_keys(self.tokens.block(rows), self.page_size, None)
+            return keys if len(keys) == pages else keys[:pages]
+        keys = []
+        prior = None
+        for row in rows:
+            block = self._block(prior, row)
+            keys += block
+            prior = block[-1]
+        return keys[:pages]
+
+
+def _serve_group(cache, group, tokens: TokenSource, totals: dict, block_keys: BlockKeys | None = None) -> None:
     """One arrival group, one request after another (the engine serves one at a time today)."""
     prefill = cache.prefill
+    l1 = l2 = l3 = 0
     for request in group:
-        result = prefill(tokens.tokens(request), request.extra_key, request.cache_salt)
-        totals["l1"] += result.device_hit
-        totals["l2"] += result.host_hit
-        totals["l3"] += result.storage_hit
+        arr = tokens.tokens(request)
+        if block_keys is None:
+            result = prefill(arr, request.extra_key, request.cache_salt)
+        else:
+            keys = block_keys(request, arr.size)
+            result = prefill(arr, known_keys=(keys, keys))
+        l1 += result.device_hit
+        l2 += result.host_hit
+        l3 += result.storage_hit
+    totals["l1"] += l1  # a group cut short by Ctrl-C is recounted from the cache's stats (replay)
+    totals["l2"] += l2
+    totals["l3"] += l3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,6 +507,7 @@ def replay(
         "l3": 0 if spec.l3 == "none" else (None if bounded_l3 is None else bounded_l3.capacity * spec.page_size),
     }
     totals = dict.fromkeys(TIERS, 0)
+    block_keys = BlockKeys(tokens, spec.page_size) if BlockKeys.applies(trace, spec.page_size) else None
     done = prompt = 0
     interrupted = False
     total = len(trace.requests)
@@ -457,7 +523,7 @@ def replay(
                 break
             if bounded_l3 is not None:
                 bounded_l3.advance(group[0].timestamp)
-            _serve_group(cache, group, tokens, totals)
+            _serve_group(cache, group, tokens, totals, block_keys)
             done += len(group)
             prompt += sum(r.input_length for r in group)
             if progress is not None:

@@ -249,6 +249,15 @@ class TokenSource:
             self._rows[request.line] = int(rows[start]) if end - start == 1 else rows[start:end]
             start = end
 
+    def block_rows(self, request: TraceRequest) -> list[int] | int:
+        """A mooncake request's rows of the block table, in prompt order (an int: one block)."""
+        rows = self._rows[request.line]
+        return rows if isinstance(rows, int) else rows.tolist()
+
+    def block(self, row: int) -> np.ndarray:
+        """The 512 tokens of one row of the block table (a read-only view)."""
+        return self._table[row]
+
     def tokens(self, request: TraceRequest) -> np.ndarray:
         if request.input_ids is not None:
             return request.input_ids
