@@ -36,7 +36,8 @@ from hicache_ops.mooncake.master import EmbeddedMaster
 
 # Hypothesis: `make test` draws the same examples every run (profile "ci", derandomized, no example
 # database), so a failure reproduces and a pass means the same thing each time; `make test-deep`
-# (HYPOTHESIS_PROFILE=deep) draws fresh, many more examples where a test does not fix its count.
+# (HYPOTHESIS_PROFILE=deep) draws fresh, many more examples where a test does not fix its count
+# (the oracle's workload counts follow the profile too: tests/engine/test_oracle.py, DEEP_WORKLOADS).
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
