@@ -70,7 +70,8 @@ test: install sglang-0.5.14 sglang-releases lint
 	TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The engine's property tests with fresh, many more hypothesis examples (profile "deep" in
-# tests/conftest.py; `make test` runs the fixed "ci" draw).
+# tests/conftest.py; `make test` runs the fixed "ci" draw); the oracle (tests/engine/test_oracle.py,
+# docs/oracle.md) replays 1,000 fresh workloads per family through both SGLang versions.
 test-deep: install sglang-0.5.14
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tmp
 	HYPOTHESIS_PROFILE=deep TMPDIR=$(TEST_TMP)/tmp $(VENV)/bin/pytest --basetemp=$(TEST_TMP)/run $(PYTEST_ARGS) tests/engine

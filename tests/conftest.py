@@ -34,9 +34,13 @@ from hypothesis import HealthCheck, settings
 
 from hicache_ops.mooncake.master import EmbeddedMaster
 
-# Hypothesis: `make test` draws the same examples every run (profile "ci", derandomized, no example
-# database), so a failure reproduces and a pass means the same thing each time; `make test-deep`
-# (HYPOTHESIS_PROFILE=deep) draws fresh, many more examples where a test does not fix its count.
+# Hypothesis: `make test` draws derandomized examples (profile "ci", no example database);
+# `make test-deep` (HYPOTHESIS_PROFILE=deep) draws fresh, many more examples where a test does not
+# fix its count (the oracle's workload counts follow the profile too: DEEP_WORKLOADS in
+# tests/engine/oracle_workloads.py). Derandomized is not context-free: Hypothesis mixes in
+# constants from the local (hicache_ops) modules imported so far, so an xdist worker that ran
+# other modules first draws other examples. Properties must hold for any draw; a test whose
+# assertions depend on which examples are drawn draws them in a process of its own, as the oracle does.
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -36,17 +36,29 @@ What is replaced to run on CPU (nothing else of SGLang is changed):
   source/destination rows. The "kernel" I/O backend has no CPU path at all (sgl_kernel's
   transfer_kv_per_layer / all_layer ops are CUDA kernels), which is why the oracle uses "direct".
 
-What is not driven here:
-- The L3 (storage) tier: not attempted for 0.5.23 (nothing seen says it cannot run on CPU; the
-  0.5.14 oracle drives SGLang's file backend). 0.5.23's prefetch is an admission protocol
-  (`prefetch_from_storage`, `check_prefetch_progress`, the scheduler's retries, rank consensus)
-  that a serial replay has to pump the way the scheduler loop does; that was not built, so
-  storage hits are compared against 0.5.14 only.
-- Requests are served one at a time: no concurrency, no chunked prefill.
+With `config.storage`, SGLang's own file backend (`HiCacheFile`, an empty temporary folder per
+workload) is the L3 tier. At arrival the oracle applies the scheduler's `_prefetch_kvcache` gate
+(the match's host anchor backed up, or the root) and calls `prefetch_from_storage` with the
+unmatched span (up to len - 1), then loops `check_hicache_events` + `check_prefetch_progress` until
+done under `wait_complete` (the outcome then does not depend on thread timing), pops the loaded
+tokens and matches again, as `init_next_round_input` does; after the request it waits (bounded)
+until every backup is acknowledged, as on a quiet server. The storage controller asks the process's
+parallel context for its ranks: the oracle states one rank (`override_permanently`).
+
+Per request it also reads the state SGLang's objects expose: host tokens freed (the host pool
+instance's `free` is wrapped to add up what it frees), device and host pool tokens in use after
+the request, and the files (pages) in the L3 folder.
+
+Not driven here: requests in flight together (the in-flight limit, retries, revoked partial hits),
+the best_effort and timeout stop policies (wall-clock cuts in SGLang's threads), chunked prefill.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import time
 import types
 from array import array
 from dataclasses import dataclass
@@ -58,10 +70,11 @@ class OracleConfig:
     device_tokens: int = 64
     hicache_ratio: float = 2.0
     write_policy: str = "write_through"
-    # An L3 tier (0.5.14 only: SGLang's file backend in a temporary folder), read with the
+    # An L3 tier (SGLang's file backend in a temporary folder per workload), read with the
     # wait_complete stop policy so the outcome does not depend on thread timing.
     storage: bool = False
     prefetch_threshold: int = 256
+    eviction_policy: str = "lru"  # CacheInitParams.eviction_policy: "lru" or "lfu"
 
 
 _PATCHED = False
@@ -104,6 +117,13 @@ def _server_args(config: OracleConfig):
 
     if _published is not None and _published[0] == config:
         return _published[1]
+    storage = {}
+    if config.storage:
+        storage = dict(
+            hicache_storage_backend="file",
+            hicache_storage_prefetch_policy="wait_complete",
+            hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": config.prefetch_threshold}),
+        )
     server_args = ServerArgs(
         model_path="dummy",
         page_size=config.page_size,
@@ -112,16 +132,33 @@ def _server_args(config: OracleConfig):
         hicache_write_policy=config.write_policy,
         hicache_io_backend="direct",
         hicache_mem_layout="layer_first",
+        **storage,
     )
     set_global_server_args_for_scheduler(server_args)
+    if config.storage:
+        _one_rank()
+        # The storage keys' native hash is compiled on first use (a torch extension build that
+        # can take a while): built here, outside the prefetch's bounded wait.
+        from sglang.srt.mem_cache.cpp_utils.native_hash import get_native_hash
+
+        get_native_hash(array("q", [1]), None)
     _published = (config, server_args)
     return server_args
 
 
+def _one_rank() -> None:
+    """The storage controller asks the process's parallel context for its ranks (the storage
+    config, the key suffixes); a server publishes them when it builds its groups. One rank."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, attn_dcp_size=1
+    )
+
+
 def build(config: OracleConfig):
-    """SGLang 0.5.23's tree with HiCache on CPU pools; returns (cache, allocator)."""
-    if config.storage:
-        raise NotImplementedError("the 0.5.23 oracle drives no L3 tier (see the module docstring)")
+    """SGLang 0.5.23's tree with HiCache on CPU pools; returns (cache, allocator). With
+    `config.storage`, the file backend writes under $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR."""
     import torch
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -150,6 +187,7 @@ def build(config: OracleConfig):
         token_to_kv_pool_allocator=allocator,
         page_size=ps,
         tree_components=(ComponentType.FULL,),
+        eviction_policy=config.eviction_policy,
     )
     cache = UnifiedRadixCache(params)
     cache.init_hicache(server_args, params)
@@ -169,11 +207,78 @@ class _Replay:
             return result
 
         self.cache._evict = counted_evict
+        # Host pages freed (host eviction, write_back's reclaim, a prefetch's unused pages): the
+        # host pool instance's `free` is wrapped to add up what it frees; it runs unchanged.
+        self.host_freed = 0
+        host = self.cache.cache_controller.mem_pool_host
+        free = host.free
+
+        def counted_free(indices, *args, **kwargs):
+            freed = free(indices, *args, **kwargs)
+            self.host_freed += freed
+            return freed
+
+        host.free = counted_free
+
+        self.extra_key: str | None = None  # the namespace of the request being served
+        self.served = 0
 
     def key(self, tokens, limit=None):
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        return RadixKey(array("q", tokens), limit=limit)
+        return RadixKey(array("q", tokens), extra_key=self.extra_key, limit=limit)
+
+    def fetch_from_storage(self, prompt: list[int], match) -> int:
+        """The scheduler's `_prefetch_kvcache` at arrival (the gate: the host anchor backed up or
+        the root), then `check_hicache_events` + `check_prefetch_progress` until the prefetch is
+        done (wait_complete), as each scheduler pass polls a waiting request; returns the tokens
+        `pop_prefetch_loaded_tokens` reports."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
+        cache = self.cache
+        node = match.last_host_node
+        if not (cache.is_backuped(node) or cache.is_root(node)):
+            return 0
+        matched = match.device_prefix_len + match.host_hit_length
+        handle = CacheRequestHandle(f"r{self.served}", 0)
+        cache.prefetch_from_storage(
+            handle,
+            node,
+            array("q", prompt[matched : len(prompt) - 1]),
+            cache.get_last_hash_value(node),
+            cache.get_prefix_hash_values(node) if cache.hicache_storage_pass_prefix_keys else None,
+            matched_prefix_tokens=array("q", prompt[:matched]),
+            extra_key=self.extra_key,
+        )
+
+        def progressed():
+            cache.check_hicache_events()
+            return cache.check_prefetch_progress(handle)
+
+        _wait_until(progressed, "a prefetch")
+        cache.check_hicache_events()
+        return cache.pop_prefetch_loaded_tokens(handle)
+
+    def settle(self) -> None:
+        """On a quiet server every host and L3 backup is acknowledged before the next request."""
+        cache = self.cache
+
+        def settled():
+            cache.check_hicache_events()
+            return not cache.ongoing_backup and not cache.ongoing_write_through
+
+        _wait_until(settled, "the backups")
+
+    def state(self) -> dict:
+        """What the pools hold after a request, in tokens (L3: objects)."""
+        host = self.cache.cache_controller.mem_pool_host
+        state = {
+            "device_used": self.allocator.size - self.allocator.available_size(),
+            "host_used": host.size - host.available_size(),
+        }
+        if self.config.storage:
+            state["l3_pages"] = len(os.listdir(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"]))
+        return state
 
     def extend(self, row, tokens: int):
         """Grow a request's slot row to whole pages covering `tokens`, evicting from the tree when
@@ -230,13 +335,20 @@ class _Replay:
         self.cache.unlock(lock)
         return row, aligned, inserted, self.cache.lock(result.last_device_node)
 
-    def serve(self, prompt: list[int], output: list[int]) -> dict:
+    def serve(self, prompt: list[int], output: list[int], extra_key: str | None = None) -> dict:
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
 
         cache = self.cache
-        evicted_before = self.evicted
+        self.extra_key = extra_key
+        evicted_before, host_freed_before = self.evicted, self.host_freed
         match = cache.match_prefix(MatchPrefixParams(key=self.key(prompt, limit=len(prompt) - 1)))
+        storage_hit = 0
+        if self.config.storage:
+            storage_hit = self.fetch_from_storage(prompt, match)
+            if storage_hit:  # init_next_round_input matches again: the prefetched pages are host pages
+                match = cache.match_prefix(MatchPrefixParams(key=self.key(prompt, limit=len(prompt) - 1)))
+        self.served += 1
         device_hit = match.device_prefix_len
         host_hit = min(match.host_hit_length, len(prompt) - 1 - device_hit)
         last_node = match.last_device_node
@@ -279,19 +391,49 @@ class _Replay:
             self.allocator.free(unpublished)
         cache.unlock(lock)
         cache.check_hicache_events()
+        if self.config.storage:
+            self.settle()
+        # Tokens read from L3 reach the device through the host like host hits; counted apart.
         return {
             "device_hit": device_hit,
-            "host_hit": loaded,
-            "storage_hit": 0,
+            "host_hit": loaded - min(loaded, storage_hit),
+            "storage_hit": storage_hit if loaded else 0,
             "device_evicted": self.evicted - evicted_before,
+            "host_freed": self.host_freed - host_freed_before,
+            **self.state(),
         }
 
 
+SETTLE_S = 30  # the longest wait for the controller's storage threads
+
+
+def _wait_until(done, what: str) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"SGLang 0.5.23: {what} did not finish within {SETTLE_S} s")
+        time.sleep(0.0005)
+
+
 def replay(workloads: list[list[dict]], config: OracleConfig) -> list[list[dict]]:
-    """Each workload is a list of {"prompt": [ids], "output": [ids]}; one fresh cache per workload."""
+    """Each workload is a list of {"prompt": [ids], "output": [ids], "extra_key": str (optional)};
+    one fresh cache per workload (with `config.storage`, over an empty L3 folder of its own)."""
     results = []
     for workload in workloads:
-        run = _Replay(config)
-        results.append([run.serve(list(r["prompt"]), list(r["output"])) for r in workload])
-        run.cache.shutdown()
+        with tempfile.TemporaryDirectory(prefix="oracle-l3-") as storage_dir:
+            saved = os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+            os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
+            try:
+                run = _Replay(config)
+                try:
+                    results.append(
+                        [run.serve(list(r["prompt"]), list(r["output"]), r.get("extra_key")) for r in workload]
+                    )
+                finally:
+                    run.cache.shutdown()
+            finally:
+                if saved is None:
+                    os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
+                else:
+                    os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = saved
     return results

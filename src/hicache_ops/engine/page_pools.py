@@ -64,6 +64,7 @@ class PoolAllocation:
     host: PagePool
     stats: CacheStats
     _reclaims_duplicates: bool  # the version frees host copies of device-resident nodes first
+    _drops_unbacked_write_back: bool  # 0.5.23 drops a write_back leaf whose backup got no host page
     _request_device_evicted: int  # pages evicted for the request in progress
     _request_host_evicted: int
     _write_back_one: Callable[[Node], bool]  # Backups (engine/backup.py); an annotation, not a stub
@@ -113,12 +114,18 @@ class PoolAllocation:
             self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
         )
         freed: list[int] = []
+        # 0.5.23 drops a write_back leaf whose backup got no host page (with its host-only subtree)
+        host_freed: list[int] | None = [] if write_back and self._drops_unbacked_write_back else None
         nodes = dropped = 0
         try:
-            nodes, dropped = self.tree.evict_device(n, write_back, freed)
+            nodes, dropped = self.tree.evict_device(n, write_back, freed, host_freed)
         finally:
-            self.device._free.extend(freed)
             stats = self.stats
+            if host_freed:
+                self.host.give_many(host_freed)
+                stats.host_evictions += len(host_freed)
+                self._request_host_evicted += len(host_freed)
+            self.device._free.extend(freed)
             stats.device_evictions += len(freed)
             stats.device_evicted_nodes += nodes
             stats.dropped_pages += dropped

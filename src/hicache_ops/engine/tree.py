@@ -456,13 +456,21 @@ class RadixTree:
             return node
         return None
 
-    def evict_device(self, pages: int, write_back: Callable[[Node], bool] | None, freed: list[int]) -> tuple[int, int]:
+    def evict_device(
+        self,
+        pages: int,
+        write_back: Callable[[Node], bool] | None,
+        freed: list[int],
+        host_freed: list[int] | None = None,
+    ) -> tuple[int, int]:
         """Evict whole device leaves in policy order until `pages` pages are freed (or none is left).
 
         A backed-up leaf keeps its host copy; one that is not is deleted, unless `write_back` is
         given: it is then backed up first (write_back returns False when no host page can be had,
-        and the leaf stays). Freed device pages are appended to `freed` as they go.
-        Returns (nodes evicted, pages dropped from every tier).
+        and the leaf stays; with `host_freed`, 0.5.23's fallback: the leaf and its host-only
+        descendants leave the tree unless one of them is locked, their host pages appended to
+        `host_freed`; docs/controller.md#device-eviction). Freed device pages are appended to
+        `freed` as they go. Returns (nodes evicted, pages dropped from every tier).
         """
         heap, leaves = self._device_heap, self.device_leaves
         start = len(freed)
@@ -476,7 +484,12 @@ class RadixTree:
                 if node in passed_over:
                     continue  # a second entry of a node this call already left in place
                 if node.host is None and write_back is not None and not write_back(node):
-                    passed_over[node] = None
+                    lost = 0 if host_freed is None else self._drop_unbacked_subtree(node, freed, host_freed)
+                    if not lost:
+                        passed_over[node] = None
+                        continue
+                    evicted += 1
+                    dropped += lost
                     continue
                 if node.host is None:
                     if node.children:
@@ -494,6 +507,28 @@ class RadixTree:
                     node.heaped |= DEVICE_HEAP
                     heappush(heap, self.priority(node))
         return evicted, dropped
+
+    def _drop_unbacked_subtree(self, node: Node, freed: list[int], host_freed: list[int]) -> int:
+        """0.5.23 write_back when a device leaf's backup got no host page: drop the leaf and its
+        host-only descendants (none of them locked, else nothing) from every tier; returns the
+        pages dropped (0: none)."""
+        descendants: list[Node] = []
+        stack = list(node.children.values())
+        while stack:
+            cur = stack.pop()
+            if cur.lock_ref or cur.host_ref:
+                return 0
+            descendants.append(cur)
+            stack.extend(cur.children.values())
+        if node.host_ref:
+            return 0
+        for desc in reversed(descendants):  # children before their parents
+            if desc.host is not None:
+                host_freed.extend(self._drop_host(desc))
+            self._delete(desc)
+        freed.extend(self._drop_device(node))
+        self._delete(node)
+        return len(node.keys) + sum(len(desc.keys) for desc in descendants)
 
     def reclaim_host_duplicates(self, pages: int, freed: list[int]) -> int:
         """0.5.23 write_back: free host copies of device-resident nodes, sparing first the device
