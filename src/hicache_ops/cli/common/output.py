@@ -1,7 +1,8 @@
 """One way to print: data on stdout (a Rich rendering or JSON), diagnostics and errors on stderr.
 
-In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} so a
-script reading stdout always gets JSON; the exit code says which kind of failure it was.
+In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} (plus "kind"
+where the error names a condition scripts may test, e.g. "l3_down") so a script reading stdout
+always gets JSON; the exit code says which kind of failure it was.
 """
 
 from __future__ import annotations
@@ -132,7 +133,10 @@ def error_message(err: HicacheError) -> str:
 
 
 def error_payload(err: HicacheError) -> dict:
-    return {"error": {"code": err.code, "message": error_message(err), "hint": err.hint}}
+    error: dict[str, str | None] = {"code": err.code, "message": error_message(err), "hint": err.hint}
+    if err.kind is not None:
+        error["kind"] = err.kind
+    return {"error": error}
 
 
 def print_error(err: HicacheError, json_output: bool) -> None:
