@@ -4,6 +4,7 @@ it reaches the right diagnosis; against a healthy deployment it passes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -455,3 +456,17 @@ def test_namespace_markers_round_trip_and_skip_other_keys():
     assert marker_key(None, None) is None and marker_key(None, "") is None
     assert marker_key("x" * MAX_MARKER_KEY, None) is None  # too long to write: not written
     assert parse_marker("hicache/tiny_abc_0_k") is None and parse_marker("hicache-namespace_zz") is None
+
+
+def test_playbook_list_wraps_its_prose_at_the_terminal_width():
+    """A real process at 80 columns (issue 26: lines up to 249 characters): every line fits, each
+    playbook's name starts a line, nothing is cut."""
+    proc = subprocess.run(
+        [HICACHE, "playbook", "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    names = [p.name for p in list_playbooks()]
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == names
+    assert "…" not in proc.stdout

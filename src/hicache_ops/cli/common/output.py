@@ -92,14 +92,15 @@ def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
         render(result)
 
 
-def print_wrapped(text: str, indent: int = 0, console: Console | None = None) -> None:
+def print_wrapped(text: str, indent: int = 0, console: Console | None = None, *, hang: int = 0) -> None:
     """Print one line of prose (Rich markup allowed) wrapped to the terminal's width, every
-    wrapped line indented by `indent` spaces, with no trailing padding."""
+    wrapped line indented by `indent` spaces (the lines after the first by `hang` more, so a
+    continuation never reads as a new item), with no trailing padding."""
     console = console or stdout
     rendered = console.render_str(text)
-    for line in rendered.wrap(console, max(console.width - indent, 20)):
+    for n, line in enumerate(rendered.wrap(console, max(console.width - indent - hang, 20))):
         line.rstrip()
-        console.print(" " * indent, line, sep="", soft_wrap=True)
+        console.print(" " * (indent + (hang if n else 0)), line, sep="", soft_wrap=True)
 
 
 # Human output shows this many rows of detail after its verdict; --all shows every row.
