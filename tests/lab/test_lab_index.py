@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 
 from hicache_ops.commands.lab import state, topology
 from serve_process import HICACHE
@@ -48,7 +47,6 @@ def test_status_and_fault_without_run_dir_act_on_the_only_lab_and_refuse_several
     env = {state.INDEX_ENV: str(tmp_path / "index")}
     first, second = tmp_path / "first", tmp_path / "second"
     _lab(first, "zq11")
-    started = time.monotonic()
     shown = run("lab", "status", "--json", env=env)  # the only lab up, started with --run-dir
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["run_dir"] == str(first) and json.loads(shown.stdout)["id"] == "zq11"
@@ -71,7 +69,6 @@ def test_status_and_fault_without_run_dir_act_on_the_only_lab_and_refuse_several
     assert state.run_dir_flag(first) == f" --run-dir {first}"
     named = run("lab", "status", "--run-dir", str(second), "--json", env=env)
     assert named.returncode == 0 and json.loads(named.stdout)["id"] == "zq12", named.stderr
-    assert time.monotonic() - started < 60  # each is refused or answered at once, nothing is started
     for folder in (first, second):
         state.remove(folder)
     assert state.labs_up() == [] and not any((tmp_path / "index").iterdir())
