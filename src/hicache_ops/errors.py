@@ -8,15 +8,20 @@ from __future__ import annotations
 
 
 class HicacheError(Exception):
-    """An error with a one-sentence message and an optional hint on how to fix it."""
+    """An error with a one-sentence message and an optional hint on how to fix it.
+
+    `kind` names the condition for scripts and playbooks where one is worth testing (e.g. "l3_down"),
+    so they never match the message's wording; it is part of the JSON error, stable across releases.
+    """
 
     exit_code = 1
     code = "error"
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, *, kind: str | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.kind = kind
 
 
 class InputError(HicacheError):

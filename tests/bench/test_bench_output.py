@@ -118,3 +118,24 @@ def test_bench_store_interrupted_says_so_first():
     first = out.splitlines()[0]
     assert first.startswith("interrupted after 4 x 64 KiB") and first.endswith("the figures cover the rounds finished")
     assert "store client vs raw Mooncake" in out.splitlines()[1], out
+
+
+def test_bench_replay_prose_wraps_at_the_terminal_width():
+    """A real process at 80 columns (issue 26: the header line was 184 characters): every prose line
+    wraps, nothing is cut, the first line is the header and the run leaves nothing behind."""
+    before = leftovers()
+    proc = subprocess.run(
+        [HICACHE, "bench", "replay", str(DATA), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=GUARD_S,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert lines[0].startswith("300 of 300 requests (mooncake format"), lines[0]
+    text = " ".join(proc.stdout.split())
+    for whole in ("accounting mode", "in/out = KV bytes moved into / out of the tier", "(SGLang pages, same requests)"):
+        assert whole in text, text
+    assert leftovers() == before

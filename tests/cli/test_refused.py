@@ -288,6 +288,20 @@ def test_warm_against_a_serve_whose_master_died_says_the_reason_health_knows(tmp
             assert proc.returncode == 3, sentence
             assert f"has its L3 down: {reason.rstrip('.')}" in sentence
             assert "--master" not in sentence and "start `hicache serve` again" in sentence
+        # the condition has a stable name in the JSON error, and the cross-host-miss playbook's
+        # check 2 tests that name, not the sentence (what `playbook run` feeds its condition)
+        from hicache_ops.commands.playbook import holds, load_playbook
+
+        proc = run("warm", str(prompts), "--serve", serve.url, "--dry-run", "--json")
+        error = json.loads(proc.stdout)["error"]
+        assert proc.returncode == 3 and (error["code"], error["kind"]) == ("unreachable", "l3_down"), proc.stdout
+        check = next(c for c in load_playbook("cross-host-miss").checks if c.title.startswith("2."))
+        assert "{serve} --dry-run --json" in check.run and check.when == ['exit == 3 and error.kind == "l3_down"']
+        (when,) = check.when
+        assert holds(when, {**json.loads(proc.stdout), "exit": proc.returncode})
+        reworded = {"error": {**error, "message": "L3 unavailable"}, "exit": 3}
+        assert holds(when, reworded)  # the wording may change; the finding does not
+        assert not holds(when, {"error": {**error, "kind": None}, "exit": 3})
     finally:
         serve.stop()
 

@@ -131,6 +131,7 @@ def test_group_keys(filled_master):
     assert mla["suffixes"] == {"__k": 4} and mla["complete_pages"] == 4
     limited = group_keys(keys, limit=1)
     assert len(limited["groups"]) == 1 and limited["truncated"] and len(limited["groups"][0]["page_keys"]) == 1
+    assert (data["namespace_marker_keys"], data["namespaces"]) == (0, [])
     only = group_keys(keys, prefix_filter="t1_")
     assert (
         only["matched_keys"] == 4
@@ -159,6 +160,20 @@ def test_dcp_groups_expect_every_shard(mooncake_master, mooncake_segment_owner):
     assert (data["unified_scheme_keys"], data["other_keys"]) == (1, 0)
     result = invoke("inspect", "store", "--master", mooncake_master.metrics_address, "--prefix", f"{tag}_")
     assert result.exit_code == 0 and "DCP 4 of tp 8" in result.stdout and "unified key scheme" in result.stderr
+
+
+def test_namespace_markers_are_named_apart_from_other_keys():
+    from hicache_ops.server.namespaces import MARKER_PREFIX, marker_key
+
+    keys = [marker_key("tenant-b", None), marker_key(None, "salt"), MARKER_PREFIX + "zz", "not-sglang"]
+    data = group_keys(keys)
+    assert (data["namespace_marker_keys"], data["other_keys"], data["group_count"]) == (2, 2, 0)
+    assert data["namespaces"] == [
+        {"extra_key": None, "cache_salt": "salt"},
+        {"extra_key": "tenant-b", "cache_salt": None},
+    ]
+    assert data["other_key_samples"] == [MARKER_PREFIX + "zz", "not-sglang"]  # a malformed marker is "other"
+    assert group_keys(keys, limit=1)["truncated"] and len(group_keys(keys, limit=1)["namespaces"]) == 1
 
 
 def test_inspect_store_library(filled_master):

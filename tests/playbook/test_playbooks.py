@@ -4,6 +4,8 @@ it reaches the right diagnosis; against a healthy deployment it passes."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from cli_runner import hicache
 from hicache_ops.commands.playbook import holds, list_playbooks, parse_condition, resolve_path
 from hicache_ops.server.client import ServeClient
-from serve_process import Serve
+from serve_process import HICACHE, Serve
 
 # wait_complete: a healthy run must not depend on how fast L3 reads are here; the stop-policy case sets its own.
 BASE = (
@@ -430,6 +432,20 @@ def test_a_namespace_another_serve_used_is_found_on_the_shared_master(writer, re
         assert code == 1 and finding(data) == "5. Namespace or salt mismatch", data
         assert "tenant-b" in json.dumps(data["finding"]["evidence"]), data["finding"]
         assert _object_count(metrics) == before
+    # the store listing names the marker as a namespace, not as an unexplained key
+    listed = subprocess.run(
+        [HICACHE, "inspect", "store", "--master", metrics, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    store = json.loads(listed.stdout)
+    assert {"extra_key": "tenant-b", "cache_salt": None} in store["namespaces"], store["namespaces"]
+    assert store["namespace_marker_keys"] == len(store["namespaces"]) >= 1
+    assert not any(k.startswith("hicache-namespace_") for k in store["other_key_samples"])
+    text = subprocess.run(
+        [HICACHE, "inspect", "store", "--master", metrics], capture_output=True, text=True, timeout=60
+    )
+    assert text.returncode == 0 and "namespace extra_key 'tenant-b'" in text.stdout, text.stdout
+    assert f"namespace markers {store['namespace_marker_keys']}" in text.stdout
 
 
 def test_namespace_markers_round_trip_and_skip_other_keys():
@@ -440,3 +456,17 @@ def test_namespace_markers_round_trip_and_skip_other_keys():
     assert marker_key(None, None) is None and marker_key(None, "") is None
     assert marker_key("x" * MAX_MARKER_KEY, None) is None  # too long to write: not written
     assert parse_marker("hicache/tiny_abc_0_k") is None and parse_marker("hicache-namespace_zz") is None
+
+
+def test_playbook_list_wraps_its_prose_at_the_terminal_width():
+    """A real process at 80 columns (issue 26: lines up to 249 characters): every line fits, each
+    playbook's name starts a line, nothing is cut."""
+    proc = subprocess.run(
+        [HICACHE, "playbook", "list"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    names = [p.name for p in list_playbooks()]
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == names
+    assert "…" not in proc.stdout

@@ -286,3 +286,23 @@ def test_write_back_no_eviction_names_write_back_first_and_says_nothing_was_writ
     seen.clear()
     run_embedded("read", TOKENS, SPEC, on_step=seen.append)
     assert seen[0].summary.startswith(f"the writer stored {len(TOKENS) // SPEC.page_size} of")
+
+
+def test_write_back_no_eviction_as_pasted_names_write_back_where_the_path_stops():
+    """`trace read --inject write-back-no-eviction` as a real process: exit 1, line 1 is where the
+    read path stops, and the cause under the failed step names write_back (not the prefetch)."""
+    tokens = ",".join(map(str, range(640)))  # above the default prefetch threshold
+    proc = subprocess.run(
+        [sys.executable, "-m", "hicache_ops.cli", "trace", "read", "--tokens", tokens]
+        + ["--inject", "write-back-no-eviction"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "100"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "The read path stops at step 3 (batch_exists).", lines[0]
+    failed = " ".join(proc.stdout.split("batch_exists  FAIL", 1)[1].split())
+    assert "the writer (--hicache-write-policy write_back) stored no page in L3" in failed, failed
+    assert "Traceback" not in proc.stderr

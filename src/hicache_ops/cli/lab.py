@@ -91,8 +91,8 @@ def up(
         from hicache_ops.commands.lab.up import up as lab_up
         from hicache_ops.results import json_data
 
-        lab_up(hosts, run_dir)
-        emit(status(run_dir), json_output, lambda r: _table(json_data(r)))
+        lab = lab_up(hosts, run_dir)
+        emit(status(lab["run_dir"]), json_output, lambda r: _table(json_data(r)))
 
 
 @app.command(
@@ -126,7 +126,10 @@ def down(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
 
 @app.command("status", cls=HicacheCommand, epilog=examples("hicache lab status", "hicache lab status --json"))
 def status(run_dir: RunDirOption = None, json_output: JsonOption = False) -> None:
-    """What runs where: host, namespace, address, process, URL, faults."""
+    """What runs where: host, namespace, address, process, URL, faults.
+
+    Without --run-dir (and $HICACHE_LAB_DIR) it shows the only lab up on this machine, and refuses, naming
+    them, when several are up."""
     with reporting(json_output):
         from hicache_ops.commands.lab.status import status as lab_status
         from hicache_ops.results import json_data
@@ -157,7 +160,10 @@ def fault(
     run_dir: RunDirOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Inject one cross-host fault (see docs/mooncake.md#several-hosts)."""
+    """Inject one cross-host fault (see docs/mooncake.md#several-hosts).
+
+    Without --run-dir (and $HICACHE_LAB_DIR) it acts on the only lab up on this machine, and refuses, naming
+    them, when several are up."""
     with reporting(json_output):
         from hicache_ops.commands.lab.fault import fault as lab_fault
         from hicache_ops.commands.lab.status import status as lab_status
@@ -165,6 +171,6 @@ def fault(
 
         def render(result: LabFault) -> None:
             stdout.print(f"[bold]fault {result.name}[/] on {result.host}: {escape(result.detail)}")
-            _table(json_data(lab_status(run_dir)))
+            _table(json_data(lab_status(result.run_dir)))
 
         emit(lab_fault(name, host, latency_ms=latency_ms, run_dir=run_dir), json_output, render)

@@ -76,7 +76,7 @@ def list_(json_output: JsonOption = False) -> None:
 
         def render(rows: list) -> None:
             for row in rows:
-                print_wrapped(f"[bold]{row.name}[/]  {row.title} ({row.checks} checks)")
+                print_wrapped(f"[bold]{row.name}[/]  {row.title} ({row.checks} checks)", hang=2)
                 print_wrapped(row.symptom, 4)
 
         emit([summary(p) for p in list_playbooks()], json_output, render)

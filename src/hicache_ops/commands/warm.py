@@ -210,9 +210,14 @@ def _verify(outcome: PromptOutcome, report, admin) -> None:
         outcome.first_missing = report.object_keys[flags.index(False)]
 
 
+# The JSON error's "kind" when the serve's /health says l3 "down" (the cross-host-miss playbook tests it).
+L3_DOWN = "l3_down"
+
+
 def _check_l3_up(url: str, config: dict, l3: dict) -> None:
     """A serve whose L3 is down cannot be warmed: say the reason its /health knows, not a guess
-    about the user's --master (the serve's own master is the one that went)."""
+    about the user's --master (the serve's own master is the one that went). The error's kind is
+    L3_DOWN, for scripts and playbooks (docs/serve-api.md#when-l3-is-down)."""
     if l3.get("state") != "down":
         return
     reason = l3.get("reason") or "its Mooncake master stopped answering"
@@ -226,6 +231,7 @@ def _check_l3_up(url: str, config: dict, l3: dict) -> None:
             else f"Bring the Mooncake master at {config.get('master_metrics_address')} back, "
             "then check the serve's /health."
         ),
+        kind=L3_DOWN,
     )
 
 

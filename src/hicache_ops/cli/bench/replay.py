@@ -23,7 +23,7 @@ from hicache_ops.cli.common.options import (
     check_plot_path,
     value_of,
 )
-from hicache_ops.cli.common.output import emit, json_data, reporting, stderr, stdout
+from hicache_ops.cli.common.output import emit, json_data, print_wrapped, reporting, stderr, stdout
 from hicache_ops.errors import InputError
 from hicache_ops.units import format_bytes
 
@@ -63,7 +63,7 @@ def _render(data: dict[str, Any], stopped_by: str | None = None) -> None:
         stdout.print(f"[bold yellow]interrupted:[/] the figures cover the requests replayed before {stopped_by}")
 
     t, cfg = data["trace"], data["config"]
-    stdout.print(
+    print_wrapped(
         f"{t['requests_replayed']:,} of {t['requests']:,} requests ({t['format']} format, {t['span_s']:.0f} s of "
         f"traffic), {t['prompt_tokens']:,} prompt tokens; page {cfg['page_size']}, {cfg['write_policy']}, "
         f"SGLang {cfg['sglang_version']}, bytes for {cfg['preset']} ({cfg['bytes_per_token']:,} B/token), "
@@ -95,28 +95,28 @@ def _render(data: dict[str, Any], stopped_by: str | None = None) -> None:
                 _bytes(row["bytes_read"]),
             )
         stdout.print(table)
-        stdout.print(
+        print_wrapped(
             "L1 device, L2 host, L3 Mooncake; cached = prompt tokens the tier served, hit = cached / prompt tokens, "
             "evicted in pages, in/out = KV bytes moved into / out of the tier",
         )
     b = data["baseline"]
     ceiling = data["ceiling_hit_rate"]
     if not data.get("points"):
-        stdout.print(
+        print_wrapped(
             f"hit rate {_percent(data['hit_rate']).strip()} of prompt tokens = "
             f"{_percent(data['hit_rate_of_ceiling']).strip()} of the unbounded ceiling {_percent(ceiling).strip()} "
             "(SGLang pages, same requests)",
         )
-        stdout.print(
+        print_wrapped(
             f"prefilled tokens saved {data['prefilled_tokens_saved']:,}, still prefilled {data['prefilled_tokens']:,}",
         )
         capacity = _tokens(b["capacity_tokens"])
         ratio = b["hit_rate"] / b["unbounded_hit_rate"] if b["unbounded_hit_rate"] else 0.0
-        stdout.print(
+        print_wrapped(
             f"block LRU (published style) at {capacity} tokens: {_percent(b['hit_rate']).strip()} "
             f"= {100 * ratio:.0f}% of its unbounded {_percent(b['unbounded_hit_rate']).strip()}",
         )
-    stdout.print(
+    print_wrapped(
         f"time: {data['wall_s']:.1f} s ({data['replay_s']:.1f} s in the engine, {data['reference_s']:.1f} s for the "
         "ceiling and the block LRU)",
     )

@@ -1,7 +1,8 @@
 """One way to print: data on stdout (a Rich rendering or JSON), diagnostics and errors on stderr.
 
-In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} so a
-script reading stdout always gets JSON; the exit code says which kind of failure it was.
+In JSON mode an error is printed on stdout as {"error": {"code", "message", "hint"}} (plus "kind"
+where the error names a condition scripts may test, e.g. "l3_down") so a script reading stdout
+always gets JSON; the exit code says which kind of failure it was.
 """
 
 from __future__ import annotations
@@ -91,14 +92,15 @@ def emit(result: Any, json_output: bool, render: Callable[[Any], None]) -> None:
         render(result)
 
 
-def print_wrapped(text: str, indent: int = 0, console: Console | None = None) -> None:
+def print_wrapped(text: str, indent: int = 0, console: Console | None = None, *, hang: int = 0) -> None:
     """Print one line of prose (Rich markup allowed) wrapped to the terminal's width, every
-    wrapped line indented by `indent` spaces, with no trailing padding."""
+    wrapped line indented by `indent` spaces (the lines after the first by `hang` more, so a
+    continuation never reads as a new item), with no trailing padding."""
     console = console or stdout
     rendered = console.render_str(text)
-    for line in rendered.wrap(console, max(console.width - indent, 20)):
+    for n, line in enumerate(rendered.wrap(console, max(console.width - indent - hang, 20))):
         line.rstrip()
-        console.print(" " * indent, line, sep="", soft_wrap=True)
+        console.print(" " * (indent + (hang if n else 0)), line, sep="", soft_wrap=True)
 
 
 # Human output shows this many rows of detail after its verdict; --all shows every row.
@@ -132,7 +134,10 @@ def error_message(err: HicacheError) -> str:
 
 
 def error_payload(err: HicacheError) -> dict:
-    return {"error": {"code": err.code, "message": error_message(err), "hint": err.hint}}
+    error: dict[str, str | None] = {"code": err.code, "message": error_message(err), "hint": err.hint}
+    if err.kind is not None:
+        error["kind"] = err.kind
+    return {"error": error}
 
 
 def print_error(err: HicacheError, json_output: bool) -> None:

@@ -6,6 +6,7 @@ import os
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from hicache_ops.cli.common.help import examples
 from hicache_ops.cli.common.options import INPUT, OUTPUT, JsonOption, MasterOption, TimeoutOption
@@ -66,8 +67,12 @@ def _render(data: dict[str, Any]) -> None:
     scope = f"  matching {data['prefix_filter']!r}: {data['matched_keys']}" if data["prefix_filter"] else ""
     stdout.print(
         f"[bold]keys[/] {data['key_count']}{scope}  SGLang warm-up {data['warmup_keys']}  "
-        f"other {data['other_keys']}  prefix groups {data['group_count']}",
+        f"namespace markers {data['namespace_marker_keys']}  other {data['other_keys']}  "
+        f"prefix groups {data['group_count']}",
     )
+    for ns in data["namespaces"]:
+        named = "  ".join(f"{name} {ns[name]!r}" for name in ("extra_key", "cache_salt") if ns[name] is not None)
+        stdout.print(f"[bold]namespace[/] {escape(named)}", highlight=False)
     for group in data["groups"]:
         suffixes = ", ".join(f"{s} {n}" for s, n in group["suffixes"].items())
         stdout.print(

@@ -187,6 +187,13 @@ class SegmentProblem(Result):
     note: str | None = Field(description="what a reader on another host meets")
 
 
+class NamespaceOnMaster(Result):
+    """One request namespace a serve on this master keyed pages under (from its marker object)."""
+
+    extra_key: str | None = Field(description="the requests' extra_key, null when not set")
+    cache_salt: str | None = Field(description="the requests' cache_salt, null when not set")
+
+
 class StoreResult(Result):
     """`hicache inspect store --json`: the master's health, segments, key counts and SGLang key groups."""
 
@@ -211,7 +218,11 @@ class StoreResult(Result):
     matched_keys: int = Field(description="keys matching --prefix (all keys without it)")
     warmup_keys: int = Field(description="SGLang's start-up probe objects")
     unified_scheme_keys: int = Field(description="keys of the unified (hybrid-model) key scheme")
-    other_keys: int = Field(description="keys SGLang's naming does not explain")
+    namespace_marker_keys: int = Field(
+        description="namespace markers hicache serves left (one per extra_key/cache_salt they keyed pages under)"
+    )
+    namespaces: list[NamespaceOnMaster] = Field(description="the namespaces those markers name (at most --limit)")
+    other_keys: int = Field(description="keys neither SGLang's naming nor a namespace marker explains")
     groups: list[dict[str, Any]] = Field(description="one group per SGLang key prefix: pages, suffixes, completeness")
     group_count: int = Field(description="groups found (at most --limit listed)")
     other_key_samples: list[str] = Field(description="some of the other keys")

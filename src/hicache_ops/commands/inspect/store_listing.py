@@ -12,7 +12,9 @@ Side-pool objects (docs/side-pools.md#side-pool-object-keys: `_{rank}_temporal`,
 each pool reports its completeness and the KV pages it lacks entirely.
 SGLang's warm-up objects (`sglang_mooncake_store_warmup_key<uuid>`, one per client start) are
 counted apart, and so are keys of the unified key scheme (docs/keys.md#unified-key-scheme), which
-no 0.5.23 flag selects; keys of any other shape are "other".
+no 0.5.23 flag selects, and the namespace markers hicache serves leave on the master (one per
+extra_key/cache_salt, docs/serve-api.md#namespaces-on-the-master), each named with its namespace;
+keys of any other shape are "other".
 """
 
 from __future__ import annotations
@@ -243,10 +245,13 @@ def _suffix_order(suffix: str) -> tuple[int, list[str], str]:
 
 
 def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int = 20) -> dict[str, Any]:
-    """Group object keys by SGLang prefix; warm-up and other keys counted apart."""
+    """Group object keys by SGLang prefix; warm-up keys, namespace markers and other keys counted apart."""
+    from hicache_ops.server.namespaces import parse_marker
+
     groups: dict[str, PrefixGroup] = {}
     warmup = unified = 0
     other: list[str] = []
+    namespaces: list[tuple[str | None, str | None]] = []
     matched = 0
     for key in keys:
         if prefix_filter and not key.startswith(prefix_filter):
@@ -254,6 +259,10 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
         matched += 1
         if is_warmup_key(key):
             warmup += 1
+            continue
+        namespace = parse_marker(key)
+        if namespace is not None:
+            namespaces.append(namespace)
             continue
         split = _split_any(key)
         if split is None:
@@ -283,11 +292,19 @@ def group_keys(keys: list[str], *, prefix_filter: str | None = None, limit: int 
         "matched_keys": matched,
         "warmup_keys": warmup,
         "unified_scheme_keys": unified,
+        "namespace_marker_keys": len(namespaces),
+        "namespaces": [
+            {"extra_key": extra_key, "cache_salt": cache_salt}
+            for extra_key, cache_salt in sorted(namespaces, key=lambda ns: (ns[0] or "", ns[1] or ""))[:limit]
+        ],
         "other_keys": len(other),
         "groups": [g.summary(limit) for g in ordered[:limit]],
         "group_count": len(ordered),
         "other_key_samples": sorted(other)[:limit],
-        "truncated": len(ordered) > limit or len(other) > limit or any(len(g.pages) > limit for g in ordered[:limit]),
+        "truncated": len(ordered) > limit
+        or len(other) > limit
+        or len(namespaces) > limit
+        or any(len(g.pages) > limit for g in ordered[:limit]),
     }
 
 

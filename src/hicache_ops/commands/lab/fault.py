@@ -108,10 +108,15 @@ def fault(
     if name not in FAULTS:
         raise InputError(f"no fault named {name!r}.", hint=f"Known faults: {', '.join(FAULTS)}.")
     topology.require_namespaces()
-    folder = state.run_dir(run_dir)
+    folder = state.lab_in_use(run_dir, "fault", "inject the fault into")
     lab = state.load(folder)
     if lab is None:
         raise state.no_lab_error(folder)
+    if not any(h["role"] == "serve" for h in lab["hosts"]):
+        raise InputError(
+            f"the lab in {folder} has no serve host (its `lab up` did not finish).",
+            hint=f"Remove it with `sudo hicache lab down{state.run_dir_flag(folder)}` and start it again.",
+        )
     master = lab["hosts"][0]
     index = 0 if name == "master-restart" else _serve_index(lab, host)  # h0 runs the master
     target = lab["hosts"][index]
@@ -148,4 +153,4 @@ def fault(
     if name not in ("heal", "master-restart"):  # a restart is an event, not a state to heal
         lab["faults"].append(entry)
     state.save(folder, lab)
-    return LabFault(**entry)
+    return LabFault(**entry, run_dir=str(folder))

@@ -63,3 +63,4 @@ class LabFault(Result):
     )
     host: str = Field(description="the lab host it hit (h0 for master-restart)")
     detail: str = Field(description="what was done, in one sentence")
+    run_dir: str = Field(description="the lab's folder (state and logs)")

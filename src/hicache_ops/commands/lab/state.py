@@ -136,10 +136,11 @@ def subnets_in_use() -> list[str]:
     return subnets
 
 
-def lab_to_stop(path: str | os.PathLike[str] | None) -> Path:
-    """The folder `lab down` works on: the one given (--run-dir, else $HICACHE_LAB_DIR); without
-    either, the only lab up on this machine, or the default folder when none is. Several labs up
-    and none named: InputError listing them, so a bare `down` never stops someone else's lab."""
+def lab_in_use(path: str | os.PathLike[str] | None, command: str = "status", verb: str = "show") -> Path:
+    """The folder a lab command works on: the one given (--run-dir, else $HICACHE_LAB_DIR); without
+    either, the only lab up on this machine (the index knows it), or the default folder when none is.
+    Several labs up and none named: InputError listing them, so a bare command never acts on (or
+    reports) someone else's lab by chance."""
     if path or os.environ.get(RUN_DIR_ENV):
         return run_dir(path)
     default = run_dir(None)
@@ -148,10 +149,15 @@ def lab_to_stop(path: str | os.PathLike[str] | None) -> Path:
         up.insert(0, str(default))
     if len(up) > 1:
         raise InputError(
-            f"{len(up)} labs are up on this machine ({', '.join(up)}); name the one to stop.",
-            hint=f"Pass its folder: hicache lab down --run-dir {up[0]}.",
+            f"{len(up)} labs are up on this machine ({', '.join(up)}); name the one to {verb}.",
+            hint=f"Pass its folder: hicache lab {command} --run-dir {up[0]}.",
         )
     return Path(up[0]) if up else default
+
+
+def lab_to_stop(path: str | os.PathLike[str] | None) -> Path:
+    """The folder `lab down` works on (lab_in_use)."""
+    return lab_in_use(path, "down", "stop")
 
 
 def no_lab_error(folder: Path) -> InputError:
@@ -166,5 +172,11 @@ def no_lab_error(folder: Path) -> InputError:
 
 
 def run_dir_flag(folder: str | os.PathLike[str]) -> str:
-    """ " --run-dir DIR" when `folder` is not the one commands use without the option, else ""."""
-    return "" if Path(folder) == run_dir(None) else f" --run-dir {folder}"
+    """ " --run-dir DIR" unless a command without the option reaches `folder`: it is the folder such a
+    command uses ($HICACHE_LAB_DIR, else the default) and no other lab up makes it ambiguous."""
+    try:
+        bare = lab_in_use(None)
+    except InputError:  # several labs up: a bare command would refuse
+        return f" --run-dir {folder}"
+    same = Path(folder).resolve() == bare.resolve() == run_dir(None).resolve()
+    return "" if same else f" --run-dir {folder}"

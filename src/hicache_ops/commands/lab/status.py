@@ -54,7 +54,7 @@ def rows(lab: Lab) -> list[dict[str, Any]]:
 def status(run_dir: str | os.PathLike[str] | None = None) -> LabStatus:
     from hicache_ops.commands.lab.results import LabHostRow, LabStatus
 
-    folder = state.run_dir(run_dir)
+    folder = state.lab_in_use(run_dir)
     lab = state.load(folder)
     if lab is None:
         raise state.no_lab_error(folder)
