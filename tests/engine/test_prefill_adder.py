@@ -90,7 +90,8 @@ def sglang_admits(p: Pass) -> list[int]:
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.sampling.sampling_params import SamplingParams
-    from tests.engine import oracle_0_5_23 as o
+
+    from engine import oracle_0_5_23 as o
 
     ps = p.page_size
     run = o._Replay(o.OracleConfig(page_size=ps, device_tokens=p.device_pages * ps))
