@@ -122,7 +122,8 @@ class Replay:
         if storage_dir is not None:
             os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = storage_dir
             storage = dict(
-                hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+                hicache_storage_backend="file",
+                hicache_storage_prefetch_policy=config.get("stop_policy", "wait_complete"),
                 hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": config["prefetch_threshold"]}),
             )
         server_args = ServerArgs(

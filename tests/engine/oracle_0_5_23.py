@@ -75,6 +75,9 @@ class OracleConfig:
     storage: bool = False
     prefetch_threshold: int = 256
     eviction_policy: str = "lru"  # CacheInitParams.eviction_policy: "lru" or "lfu"
+    # The storage prefetch stop policy; replays keep wait_complete (tests/engine/test_stop_policy.py
+    # asks the tree's own stop decision under each policy).
+    stop_policy: str = "wait_complete"
 
 
 _PATCHED = False
@@ -121,7 +124,7 @@ def _server_args(config: OracleConfig):
     if config.storage:
         storage = dict(
             hicache_storage_backend="file",
-            hicache_storage_prefetch_policy="wait_complete",
+            hicache_storage_prefetch_policy=config.stop_policy,
             hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": config.prefetch_threshold}),
         )
     server_args = ServerArgs(

@@ -4,8 +4,9 @@ It arrives: it joins the waiting queue and its prefetch is considered, as SGLang
 queues a request (docs/controller.md#prefetch-threshold-and-revocation, #in-flight-limit). While
 it waits, 0.5.23 re-queries its miss (docs/controller.md#miss-re-query), or its prefetch when its
 local match shrank. It is admitted when
-the device can hold it next to what running requests hold and still write (its prefetch lands and
-its prompt is prefilled) and the pass's batch-size and input caps allow it
+the device can hold it next to what running requests hold and still write, counted in tokens as
+SGLang's PrefillAdder does (its prefetch lands and its prompt is prefilled), and the pass's
+batch-size and input caps allow it
 (docs/controller.md#admission-budget), and its finish inserts prompt and output.
 """
 
@@ -144,10 +145,13 @@ class Admission(CacheParts):
             self._queue_prefetch(arrival, now)
         return True
 
-    def _output_pages(self, arrival: Arrival) -> int:
-        # SGLang reserves min(max_new_tokens, 4096) decode tokens plus a page
+    def _reserved_tokens(self, arrival: Arrival) -> int:
+        # A running request holds its partial last prompt page outside the tree and SGLang's
+        # running-batch offset reserves min(max_new_tokens, 4096) decode tokens for it
         # (docs/controller.md#admission-budget); a request's max_new_tokens is its output here.
-        return -(-pol.reserved_new_tokens(int(arrival.output.size)) // self.config.page_size) + 1
+        ps = self.config.page_size
+        partial = ps if arrival.prompt.size % ps else 0
+        return pol.reserved_new_tokens(int(arrival.output.size)) + partial
 
     def extend_tokens(self, arrival: Arrival) -> int:
         """Prompt tokens the request's prefill computes if admitted now: past its device and host
@@ -167,18 +171,35 @@ class Admission(CacheParts):
             matched = max(matched, min(cap, hold.pos + read))
         return int(arrival.prompt.size) - matched * ps
 
-    def admission_pages(self, arrival: Arrival) -> int:
-        """Device pages the request takes out of the free and evictable ones when admitted: its
-        prompt past what running requests already lock, and its output (SGLang reserves the
-        decode's tokens at admission)."""
+    def _locked_prefix_tokens(self, arrival: Arrival) -> int:
         ps = self.config.page_size
-        shared = self.tree.locked_prefix_pages(arrival.keys[0][: pol.match_cap_pages(int(arrival.prompt.size), ps)])
-        return arrival.n_pages - shared + self._output_pages(arrival)
+        cap = pol.match_cap_pages(int(arrival.prompt.size), ps)
+        return self.tree.locked_prefix_pages(arrival.keys[0][:cap]) * ps
 
-    def can_admit(self, arrival: Arrival) -> bool:
-        """Room next to what running requests hold and the output they have yet to write."""
-        room = self.device.capacity - self.tree.protected_pages - self.reserved_pages
-        return self.admission_pages(arrival) <= room
+    def admission_tokens(self, arrival: Arrival) -> int:
+        """SGLang's `total_tokens` for the request (PrefillAdder.add_one_req): its prompt past the
+        device prefix, its clipped decode and a page of alignment, plus its own unlocked device
+        prefix, which the check locks and so takes out of the evictable tokens: the prompt past
+        what running requests already lock (docs/controller.md#admission-budget)."""
+        out = pol.reserved_new_tokens(int(arrival.output.size))
+        return int(arrival.prompt.size) - self._locked_prefix_tokens(arrival) + out + self.config.page_size
+
+    def pass_charge_tokens(self, arrival: Arrival) -> int:
+        """What admitting the request takes from the pass's remaining tokens (SGLang's
+        `PrefillBudget.reserve` plus the prefix it locks and the host hit it loads): its prompt
+        past the locked prefix, page-rounded, a page of alignment and its clipped decode."""
+        out = pol.reserved_new_tokens(int(arrival.output.size))
+        ps = self.config.page_size
+        return pol.paged_tokens(int(arrival.prompt.size), ps) - self._locked_prefix_tokens(arrival) + ps + out
+
+    def room_tokens(self) -> int:
+        """SGLang's `remaining_total` at the start of a pass: free and evictable device tokens
+        less what running requests hold outside the tree and have yet to decode."""
+        return (self.device.capacity - self.tree.protected_pages) * self.config.page_size - self.reserved_tokens
+
+    def can_admit(self, arrival: Arrival, remaining_tokens: int) -> bool:
+        """SGLang's memory check (`PrefillBudget.check_prefill`): strictly less than what remains."""
+        return self.admission_tokens(arrival) < remaining_tokens
 
     def admit(self, arrival: Arrival) -> None:
         """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
@@ -187,11 +208,11 @@ class Admission(CacheParts):
             _, arrival.held, _, _ = self._prefill(
                 arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival
             )
-            self.reserved_pages += self._output_pages(arrival)
+            self.reserved_tokens += self._reserved_tokens(arrival)
 
     def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         with self.lock:
-            self.reserved_pages -= self._output_pages(arrival)
+            self.reserved_tokens -= self._reserved_tokens(arrival)
             try:
                 self._finish(
                     np.concatenate([arrival.prompt, arrival.output[:-1]]),

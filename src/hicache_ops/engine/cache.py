@@ -75,8 +75,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         # Requested tokens of prefetches issued and not yet admitted (the concurrency model sets
         # it; one request at a time it is 0 when a prefetch is considered).
         self.in_flight_tokens = 0
-        # Device pages admitted requests will still take for their output (the concurrency model).
-        self.reserved_pages = 0
+        # Device tokens running requests hold or will take outside the tree: their partial last
+        # prompt page and their clipped decode (the concurrency model, docs/controller.md#admission-budget).
+        self.reserved_tokens = 0
         self._last_backup_bytes = 0
         self._last_l3_bytes = 0
         self._request_device_evicted = 0

@@ -72,7 +72,7 @@ class CacheParts:
     stats: CacheStats
     lock: threading.RLock
     in_flight_tokens: int
-    reserved_pages: int
+    reserved_tokens: int
     clock: float | None
     _pending_l3_writes: list[tuple[float, Node, int]]
     _l3_writer_free_at: float

@@ -107,6 +107,7 @@ class Scheduler:
         blocked = False
         running_before = len(self.running)
         rem_input = cfg.max_prefill_tokens
+        remaining = cache.room_tokens()  # SGLang's remaining_total, charged per admitted request
         for arrival in self.waiting:
             if pol.batch_is_full(cfg.max_running_requests, running_before, len(admitted)):
                 break  # before its prefetch is asked whether it may stop: it does not land
@@ -119,22 +120,26 @@ class Scheduler:
             extend = cache.extend_tokens(arrival)
             if pol.input_budget_refuses(extend, cfg.page_size, rem_input, len(admitted)):
                 break  # this pass's prefill tokens are spent
-            if not cache.can_admit(arrival):
+            if not cache.can_admit(arrival, remaining):
                 break  # SGLang stops adding to the batch when the device has no room
             if rem_input is not None:
                 rem_input -= pol.paged_tokens(extend, cfg.page_size)
+            remaining -= cache.pass_charge_tokens(arrival)
             arrival.retry_armed, arrival.retry_due = False, None  # admitted: its pending re-query is dropped
             cache.admit(arrival)
             admitted.append(arrival)
             self.running.append((self.pass_no + arrival.decode_passes, arrival))
+            if remaining <= 0 or (rem_input is not None and rem_input <= 0):
+                break  # the verdict after an admission: nothing left (before the next prefetch check)
         if admitted:
             self.waiting = [a for a in self.waiting if a not in admitted]
         elif self.waiting and not self.running and not requeried:
             nxt = cache.next_prefetch_event(self.waiting, self.clock) if blocked else None
             if nxt is None:
                 raise CapacityError(
-                    f"the device pool has {cache.device.capacity} pages and cannot run a request that needs "
-                    f"{cache.admission_pages(self.waiting[0])} of them.",
+                    f"the device pool has {cache.device.capacity * cfg.page_size} tokens and cannot run a request "
+                    f"that needs {cache.admission_tokens(self.waiting[0])} of them (SGLang's admission: prompt, "
+                    f"clipped decode and a page, strictly less than the pool).",
                     hint="Use a larger device pool or shorter prompts.",
                 )
             self._jump_to = nxt  # nothing else happens until a read lands or a budget runs out

@@ -1,0 +1,215 @@
+"""Issue 22, the oracle: SGLang 0.5.23's own `PrefillAdder` decides which waiting requests a pass
+admits, compared with the engine's scheduler pass (docs/controller.md#admission-budget,
+docs/oracle.md#scheduler-level-code).
+
+Per generated pass, both sides hold the same state: prompts served earlier and finished (their
+pages in the tree, evictable), running requests at the start of their decode (their prompt
+inserted and locked, the partial last page held by the request, `max_new_tokens` still to come)
+and a waiting queue. SGLang's side is 0.5.23's `UnifiedRadixCache` on CPU pools (the oracle
+harness, tests/engine/oracle_0_5_23.py), real `Req` objects (`init_next_round_input` matches them),
+a real `ScheduleBatch` as the running batch, and `PrefillAdder.add_one_req` (its
+`PrefillBudget`: `CLIP_MAX_NEW_TOKENS`, the page overhead, `rem_input_tokens`). The loop around it
+is `Scheduler._get_new_batch_prefill_raw`'s, repeated here (the `Scheduler` needs a model, a
+tokenizer and sockets to build): the spent-input break, the batch-size break with
+`get_num_allocatable_reqs` = max_running_requests - running (its pipeline budget; request slots
+are not the binding limit here), and the break on any verdict but CONTINUE.
+
+The engine's side is `engine/scheduler.py`'s `Scheduler.step` on a `TieredCache` in the same
+state. Compared per pass: which requests are admitted, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache_ops.engine.cache import TieredCache
+from hicache_ops.engine.config import CacheConfig
+from hicache_ops.engine.page_pools import CapacityError
+from hicache_ops.engine.planes import AccountingPlane
+from hicache_ops.engine.scheduler import Scheduler
+
+NO_CAP = 10**9  # rem_input_tokens when the engine has no max_prefill_tokens
+
+
+@dataclass(frozen=True)
+class Pass:
+    page_size: int
+    device_pages: int
+    cached: tuple[tuple[int, ...], ...]  # served and finished earlier (output of 1 token)
+    running: tuple[tuple[tuple[int, ...], int], ...]  # (prompt, max_new_tokens), at the start of decode
+    waiting: tuple[tuple[tuple[int, ...], int], ...]
+    max_running_requests: int | None
+    max_prefill_tokens: int | None
+
+
+def _pages(n: int, ps: int) -> int:
+    return -(-n // ps)
+
+
+@st.composite
+def passes(draw) -> Pass:
+    ps = draw(st.sampled_from([1, 4, 16]))
+    fresh = itertools.count(100_000)
+    stems = [list(range(1000 * (k + 1), 1000 * (k + 1) + draw(st.integers(1, 6)) * ps)) for k in range(3)]
+
+    def prompt() -> tuple[int, ...]:
+        stem = stems[draw(st.integers(0, 2))]
+        cut = draw(st.integers(0, len(stem)))
+        tail = draw(st.integers(0 if cut else 1, 3 * ps))
+        return tuple(stem[:cut]) + tuple(next(fresh) for _ in range(tail))
+
+    max_new = st.one_of(st.integers(2, 12 * ps), st.integers(4090, 4200))
+    cached = tuple(prompt() for _ in range(draw(st.integers(0, 3))))
+    running = tuple((prompt(), draw(max_new)) for _ in range(draw(st.integers(0, 3))))
+    waiting = tuple((prompt(), draw(max_new)) for _ in range(draw(st.integers(1, 5))))
+    held = sum(_pages(len(p), ps) for p in cached) + sum(_pages(len(p), ps) for p, _ in running)
+    # Room for the held pages and, in tokens, for about what the running and waiting requests ask.
+    asked = sum(len(p) + m for p, m in running + waiting)
+    extra = draw(st.integers(0, _pages(asked, ps) + 4))
+    mrr = draw(st.one_of(st.none(), st.integers(1, 6)))
+    if mrr is not None and mrr < len(running):
+        mrr = len(running) + draw(st.integers(0, 2))
+    cap = draw(st.one_of(st.none(), st.integers(1, 12).map(lambda k: k * ps * 4)))
+    return Pass(ps, held + extra + 1, cached, running, waiting, mrr, cap)
+
+
+# -- SGLang's side ---------------------------------------------------------------------------
+
+
+def sglang_admits(p: Pass) -> list[int]:
+    """Indices (into p.waiting) of the requests SGLang 0.5.23's PrefillAdder admits this pass."""
+    import torch
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from engine import oracle_0_5_23 as o
+
+    ps = p.page_size
+    run = o._Replay(o.OracleConfig(page_size=ps, device_tokens=p.device_pages * ps))
+    try:
+        for prompt in p.cached:
+            served = run.serve(list(prompt), [1])
+            assert served["device_evicted"] == 0
+        cache = run.cache
+        running = []
+        for k, (prompt, max_new) in enumerate(p.running):
+            # Prefill, then checkpoint_kv_cache: the prompt's aligned part is inserted and locked;
+            # the request keeps its partial last page. Its decode has not written yet.
+            match = cache.match_prefix(MatchPrefixParams(key=run.key(list(prompt), limit=len(prompt) - 1)))
+            assert match.host_hit_length == 0
+            lock = cache.lock(match.last_device_node)
+            row = cache.path_device_indices(match.last_device_node)[: match.device_prefix_len].to(torch.int64)
+            row = run.extend(row, len(prompt))
+            run.insert(list(prompt), len(prompt), row, len(row), 0, lock)
+            assert run.evicted == 0
+            running.append(
+                Req(f"run{k}", "", array("q", prompt), SamplingParams(max_new_tokens=max_new, ignore_eos=True))
+            )
+        batch = ScheduleBatch(reqs=running)
+        adder = PrefillAdder(
+            ps,
+            cache,
+            run.allocator,
+            batch,
+            1.0,
+            p.max_prefill_tokens if p.max_prefill_tokens is not None else NO_CAP,
+            None,
+            max_running_requests=p.max_running_requests,
+        )
+        allocatable = NO_CAP if p.max_running_requests is None else p.max_running_requests - len(running)
+        waiting = [
+            Req(f"w{i}", "", array("q", prompt), SamplingParams(max_new_tokens=max_new, ignore_eos=True))
+            for i, (prompt, max_new) in enumerate(p.waiting)
+        ]
+        if allocatable > 0:
+            for req in waiting:  # Scheduler._get_new_batch_prefill_raw, without storage
+                if adder.budget_state() == AddReqResult.OTHER:
+                    break
+                if len(adder.can_run_list) >= allocatable:
+                    break
+                req.init_next_round_input(cache)
+                assert req.host_hit_length == 0
+                if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
+                    break
+        return [int(req.rid[1:]) for req in adder.can_run_list]
+    finally:
+        run.cache.shutdown()
+
+
+# -- the engine's side -----------------------------------------------------------------------
+
+
+def engine_admits(p: Pass, version: str = "0.5.23") -> list[int]:
+    ps = p.page_size
+    cfg = CacheConfig(
+        page_size=ps,
+        device_pages=p.device_pages,
+        host_pages=2 * p.device_pages,
+        sglang_version=version,
+        max_running_requests=p.max_running_requests,
+        max_prefill_tokens=p.max_prefill_tokens,
+    )
+    cache = TieredCache(cfg, AccountingPlane(64), None)
+    for prompt in p.cached:
+        cache.request(np.array(prompt, dtype=np.int64), [1])
+    scheduler = Scheduler(cache)
+    for prompt, max_new in p.running:
+        arrival = cache.arrive(np.array(prompt, dtype=np.int64), np.arange(max_new, dtype=np.int64) + 7)
+        cache.admit(arrival)  # it is running: admitted on an earlier pass
+        scheduler.running.append((10**9, arrival))
+    try:
+        waiting = [
+            scheduler.submit(np.array(prompt, dtype=np.int64), np.arange(max_new, dtype=np.int64) + 7)
+            for prompt, max_new in p.waiting
+        ]
+        scheduler.step()
+    except CapacityError:
+        return []
+    return [i for i, a in enumerate(waiting) if a not in scheduler.waiting]
+
+
+@settings(deadline=None)
+@given(passes())
+def test_a_pass_admits_what_sglangs_prefill_adder_admits(p):
+    assert engine_admits(p) == sglang_admits(p)
+
+
+def test_batch_size_cap_is_sglangs():
+    """A smoke case that the harness reaches the batch-size break."""
+    p = Pass(4, 64, (), ((tuple(range(1, 10)), 4),), ((tuple(range(20, 29)), 4), (tuple(range(40, 49)), 4)), 2, None)
+    assert sglang_admits(p) == engine_admits(p) == [0]
+
+
+def _boundary_passes(ps: int):
+    """Passes at the boundary of SGLang's strict `total_tokens < remaining_total` (total = prompt
+    past the locked prefix + clipped decode + a page): one waiting request on an empty device;
+    two (the first's charge: its page-rounded prompt, a page and its decode); one behind a
+    running request (its partial last page and its decode)."""
+    for device_pages in range(1, 4 + 24 // ps):
+        for n in range(1, 2 * ps + 2):
+            prompt = tuple(range(1, n + 1))
+            other = tuple(range(500, 500 + n + 1))
+            yield Pass(ps, device_pages, (), (), ((prompt, 3),), None, None)
+            yield Pass(ps, device_pages, (), (), ((other, 2), (prompt, 3)), None, None)
+            if -(-len(other) // ps) <= device_pages:
+                yield Pass(ps, device_pages, (), ((other, 2),), ((prompt, 3),), None, None)
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_rounding_at_the_room_boundary(ps):
+    reached = set()
+    for p in _boundary_passes(ps):
+        theirs = sglang_admits(p)
+        assert engine_admits(p) == theirs, p
+        reached.add((len(p.running), len(p.waiting), len(theirs)))
+    # Each shape is seen admitted in full, in part (two waiting) and not at all.
+    assert {(0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (0, 2, 2), (1, 1, 0), (1, 1, 1)} <= reached
