@@ -191,7 +191,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
     result = hicache(["lab", "fault", "loopback-hostname", "--on", "h1", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
-    assert list(_json(result)) == ["name", "host", "detail"]  # LabFault: the JSON it printed as a dict
+    assert list(_json(result)) == ["name", "host", "detail", "run_dir"]  # LabFault
     assert _json(result)["host"] == "h1"
     bad_segment = _segment(h1)
     assert bad_segment.startswith("127.0.0.1:")
