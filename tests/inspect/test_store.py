@@ -65,7 +65,7 @@ def filled_master():
 STORE_FIELDS = [
     "master", "ready", "health", "segments", "segment_problems", "capacity_bytes", "used_bytes", "used_fraction",
     "key_count", "metrics", "limit", "prefix_filter", "matched_keys", "warmup_keys", "unified_scheme_keys",
-    "other_keys", "groups", "group_count", "other_key_samples", "truncated",
+    "namespace_marker_keys", "namespaces", "other_keys", "groups", "group_count", "other_key_samples", "truncated",
 ]  # fmt: skip
 
 
