@@ -363,9 +363,7 @@ class BlockKeys:
         rows = self.tokens.block_rows(request)
         pages = prompt_tokens // self.page_size
         if isinstance(rows, int):  # hot: one block (a page-reference stream)
-            keys = self._first.get(rows)
-            if keys is None:
-                keys = self._first[rows] = chain_keys(self.tokens.block(rows), self.page_size, None)
+            keys = self._block(None, rows)
             return keys if len(keys) == pages else keys[:pages]
         keys = []
         prior = None
