@@ -30,6 +30,19 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_connected(pid: int, address: str, timeout: float = 60.0) -> None:
+    """Until process `pid` holds an established TCP connection to `address` (its request is sent)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = subprocess.run(
+            ["ss", "-tnpH", "state", "established", "dst", address], capture_output=True, text=True
+        ).stdout
+        if f"pid={pid}," in listing:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} never connected to {address} within {timeout} s")
+
+
 def invoke(*args: str):
     return hicache(list(args))
 
@@ -264,7 +277,9 @@ def test_master_killed_during_a_command_is_exit_3(freeze_process):
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1.0)
+        # The bound counts from the master's death, so the command must be waiting on it by then
+        # (a fixed sleep let a slow interpreter start under load count against the bound).
+        wait_connected(proc.pid, master.metrics_address)
         killed_at = time.monotonic()
         master.kill()  # ... until the master dies under it
         out, err = proc.communicate(timeout=60)
