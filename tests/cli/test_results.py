@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pydantic import Field
 
 from cli_runner import hicache
@@ -78,13 +79,15 @@ def test_inspect_keys_json_with_side_pools_keeps_pool_fields():
     assert data["pools"] and all(list(p) == ["name", "suffixes", "hit_policy", "trailing_pages"] for p in data["pools"])
 
 
-def test_help_loads_no_result_model():
-    """The result models (pydantic) load with the command that runs, not with `hicache --help`."""
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_load_no_result_model(flag):
+    """The result models (pydantic) load with the command that runs, not with `hicache --help` or
+    the plain `--version` (its --json model is apart, commands/version_result.py)."""
     import subprocess
     import sys
 
     code = (
-        "import sys, runpy; sys.argv = ['hicache', '--help'];\n"
+        f"import sys, runpy; sys.argv = ['hicache', '{flag}'];\n"
         "try:\n    runpy.run_module('hicache_ops.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
         "print('LOADED', [m for m in ('pydantic', 'hicache_ops.results') if m in sys.modules])"
     )

@@ -61,13 +61,15 @@ class _RootGroup(HicacheGroup):
         argv = list(sys.argv[1:] if args is None else args)
         if argv and set(argv) <= {"--version", "-V", "--json"} and set(argv) != {"--json"}:
             # `hicache --version --json`: the root takes no --json of its own, so answer here.
-            from hicache_ops.commands.version import version_info
+            from hicache_ops.commands.version import version_facts
 
-            info = version_info()
+            facts = version_facts()
             if "--json" in argv:
-                print_json(info)
+                from hicache_ops.commands.version_result import VersionResult
+
+                print_json(VersionResult.of(facts))
             else:
-                sys.stdout.write(info.text() + "\n")
+                sys.stdout.write(facts.text() + "\n")
             sys.exit(0)
         if not _json_requested(argv):
             return super().main(args=argv, prog_name=prog_name, standalone_mode=standalone_mode, **extra)
@@ -108,9 +110,9 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from hicache_ops.commands.version import version_info
+        from hicache_ops.commands.version import version_facts
 
-        sys.stdout.write(version_info().text() + "\n")
+        sys.stdout.write(version_facts().text() + "\n")
         raise typer.Exit()
 
 

@@ -1,51 +1,34 @@
 """`hicache --version [--json]`: hicache-ops' version, the SGLang releases it knows and the Mooncake
 release it was measured with, beside what is installed (read from package metadata: nothing heavy
-is imported)."""
+is imported, pydantic included; the `--json` model is in `version_result`)."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from hicache_ops.results import Result
+from dataclasses import dataclass
 
 
-class SglangVersions(Result):
-    supported: list[str] = Field(description="the SGLang releases whose rules hicache-ops knows (docs/releases.md)")
-    default: str = Field(description="the release used when --sglang-version is not given")
-    installed: str | None = Field(description="the sglang distribution installed beside hicache-ops, null if none")
-
-
-class MooncakeWheel(Result):
-    distribution: str = Field(description="the Mooncake distribution installed")
-    version: str = Field(description="its version")
-
-
-class MooncakeVersions(Result):
-    measured: str = Field(description="the Mooncake release hicache-ops was measured with")
-    installed: MooncakeWheel | None = Field(description="the Mooncake wheel installed, null if none")
-
-
-class VersionResult(Result):
-    """`hicache --version --json`."""
-
-    hicache_ops: str = Field(description="hicache-ops' version")
-    sglang: SglangVersions = Field(description="the SGLang releases known and installed")
-    mooncake: MooncakeVersions = Field(description="the Mooncake release measured and installed")
+@dataclass(frozen=True)
+class VersionFacts:
+    hicache_ops: str
+    sglang_supported: tuple[str, ...]
+    sglang_default: str
+    sglang_installed: str | None
+    mooncake_measured: str
+    mooncake_installed: tuple[str, str] | None  # (distribution, version)
 
     def text(self) -> str:
         """The three lines `hicache --version` prints."""
-        sglang, mooncake = self.sglang, self.mooncake
-        wheel = mooncake.installed
+        wheel = self.mooncake_installed
         return (
             f"hicache-ops {self.hicache_ops}\n"
-            f"SGLang {', '.join(sglang.supported)} (default {sglang.default}; "
-            f"{'installed ' + sglang.installed if sglang.installed else 'not installed'})\n"
-            f"Mooncake {mooncake.measured} (measured; "
-            f"{'installed ' + wheel.distribution + ' ' + wheel.version if wheel else 'not installed'})"
+            f"SGLang {', '.join(self.sglang_supported)} (default {self.sglang_default}; "
+            f"{'installed ' + self.sglang_installed if self.sglang_installed else 'not installed'})\n"
+            f"Mooncake {self.mooncake_measured} (measured; "
+            f"{'installed ' + wheel[0] + ' ' + wheel[1] if wheel else 'not installed'})"
         )
 
 
-def version_info() -> VersionResult:
+def version_facts() -> VersionFacts:
     """hicache-ops' version, the SGLang releases it knows, and the Mooncake release (metadata only)."""
     from importlib import metadata
 
@@ -57,12 +40,11 @@ def version_info() -> VersionResult:
         sglang: str | None = metadata.version("sglang")
     except metadata.PackageNotFoundError:
         sglang = None
-    mooncake = mooncake_versions.installed()
-    return VersionResult(
+    return VersionFacts(
         hicache_ops=__version__,
-        sglang=SglangVersions(supported=list(SUPPORTED_VERSIONS), default=default_version(), installed=sglang),
-        mooncake=MooncakeVersions(
-            measured=mooncake_versions.MEASURED,
-            installed=MooncakeWheel(distribution=mooncake[0], version=mooncake[1]) if mooncake else None,
-        ),
+        sglang_supported=tuple(SUPPORTED_VERSIONS),
+        sglang_default=default_version(),
+        sglang_installed=sglang,
+        mooncake_measured=mooncake_versions.MEASURED,
+        mooncake_installed=mooncake_versions.installed(),
     )
