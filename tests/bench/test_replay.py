@@ -10,6 +10,7 @@ Apache-2.0); the integration test reads the whole file from ../shared/traces/.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -496,3 +497,19 @@ def test_l2_tokens_are_kept_exact():
     host = spec.engine_spec().host_layout(mooncake=True)
     assert host.page_num == 512_512 // 512 + 1 == 1002
     assert spec.baseline_capacity() == 512_512
+
+
+def test_tier_table_fits_80_columns_without_cutting_a_cell():
+    """TiB-sized traffic on an 80-column terminal: every cell whole (rich ends a cut one with '…')."""
+    trace = shared_traces() / TRACE_NAME
+    out = subprocess.run(
+        [HICACHE, "bench", "replay", str(trace), "--limit", "1500"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert out.returncode == 0, out.stderr
+    table = [line for line in out.stdout.splitlines() if "│" in line or "┃" in line]
+    assert len(table) == 4 and "TiB" in out.stdout, out.stdout
+    assert all("…" not in line and len(line) <= 80 for line in table), out.stdout

@@ -55,6 +55,17 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else format_bytes(n, "binary")
 
 
+def _bytes_cell(n: int | None) -> str:
+    """Bytes to three significant digits, so the tier table fits 80 columns (--json has them exact)."""
+    text = _bytes(n)
+    number, _, unit = text.partition(" ")
+    if unit in ("", "B"):
+        return text
+    value = float(number)
+    digits = 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:.{digits}f} {unit}"
+
+
 def _render(data: dict[str, Any], stopped_by: str | None = None) -> None:
     from rich.table import Table
 
@@ -87,12 +98,12 @@ def _render(data: dict[str, Any], stopped_by: str | None = None) -> None:
             table.add_row(
                 label,
                 _tokens(row["capacity_tokens"]),
-                _bytes(row["capacity_bytes"]),
-                f"{row['cached_tokens']:,}",
+                _bytes_cell(row["capacity_bytes"]),
+                _tokens(row["cached_tokens"]),
                 _percent(row["hit_rate"]),
                 f"{row['evictions']:,}",
-                _bytes(row["bytes_written"]),
-                _bytes(row["bytes_read"]),
+                _bytes_cell(row["bytes_written"]),
+                _bytes_cell(row["bytes_read"]),
             )
         stdout.print(table)
         print_wrapped(
