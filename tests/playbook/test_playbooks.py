@@ -12,6 +12,8 @@ import pytest
 
 from cli_runner import hicache
 from hicache_ops.commands.playbook import holds, list_playbooks, parse_condition, resolve_path
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.mooncake.store_client import StoreClient
 from hicache_ops.server.client import ServeClient
 from serve_process import HICACHE, Serve
 
@@ -297,6 +299,24 @@ def test_dtype_mismatch(writer, reader_factory, tmp_path, tmp_path_factory):
         assert f"hicache_l3_size_mismatched_objects_total {float(after)}" in reader.client.metrics()
     finally:
         fp8.stop()
+
+
+def test_an_object_of_the_right_size_with_other_bytes_is_check_2(writer, reader_factory, tmp_path):
+    """One object the writer put is overwritten in place with as many other bytes: check 1 (sizes)
+    passes, check 2 names it, from the read's byte check (not from the wording of its summary)."""
+    admin = AdminClient(writer.info["master_metrics_address"])
+    before = set(admin.get_all_keys())
+    written = prompt(tmp_path, written_by=writer)
+    new = sorted(set(admin.get_all_keys()) - before)
+    assert new, "the writer's prompt added no object"
+    client = StoreClient.connect(writer.info["master_rpc_address"], segment_size=16 << 20)
+    try:
+        good = client.get(new[0])
+        client.put(new[0], bytes(b ^ 0xFF for b in good), upsert=True)
+    finally:
+        client.close()
+    code, data = run_book("dtype-mismatch", "--serve", reader_factory().url, "--prompt", written)
+    assert code == 1 and finding(data) == "2. Objects of the right size with other bytes", data
 
 
 # --- master unreachable --------------------------------------------------------------------------

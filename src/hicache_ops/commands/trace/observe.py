@@ -256,7 +256,7 @@ def observe_read(
             "batch_get_into",
             FAIL,
             f"{len(corrupt)} page(s) arrived but their bytes differ from the reference (first: page {corrupt[0]})",
-            detail={**detail, "corrupt_pages": corrupt},
+            detail={**detail, "corrupt_pages": corrupt, "corrupt_page_count": len(corrupt)},
             causes=causes,
         )
         return t.steps

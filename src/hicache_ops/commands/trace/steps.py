@@ -609,7 +609,7 @@ def trace_read(cache, tokens, *, extra_key=None, cache_salt=None, on_step=None, 
                     f"{len(corrupt)} page(s) arrived but their bytes differ from the reference "
                     f"(first: page {corrupt[0]})",
                     causes,
-                    detail={**detail, "corrupt_pages": corrupt},
+                    detail={**detail, "corrupt_pages": corrupt, "corrupt_page_count": len(corrupt)},
                 )
             side_read = f" and {outcome.side_objects} side-pool object(s)" if outcome.side_objects else ""
             t.add(
