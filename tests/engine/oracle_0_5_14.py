@@ -77,6 +77,7 @@ from sglang.srt.managers import cache_controller
 from sglang.srt.mem_cache import memory_pool_host
 
 cache_controller.device_module = torch.cpu
+from sglang.srt.mem_cache.pool_host import base as pool_host_base
 from sglang.srt.mem_cache.pool_host.base import HostKVCache
 
 
@@ -94,6 +95,9 @@ def unpinned_init(self, device_pool, ratio, host_size, page_size, layout, pin_me
 
 
 HostKVCache.__init__ = unpinned_init
+# SGLang refuses a host pool when the machine has under 10 GiB available beyond it: a guard for
+# real servers, not a HiCache rule; on a shared test machine it made every replay fail at random.
+pool_host_base.HICACHE_HOST_MEMORY_RESERVE_BYTES = 0
 
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
