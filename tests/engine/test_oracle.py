@@ -53,8 +53,8 @@ from engine.oracle_workloads import DEEP, FAMILIES, STORAGE_PREFETCH_THRESHOLD, 
 PAGE_SIZE = 4  # the minimal examples' page size; families choose their own
 # HiRadixCache releases after 0.5.14 whose tree 0.5.14's child script drives unchanged
 # (oracle_0_5_14.replay_jobs(version=...), tests/sglang_release.py): replayed on the minimal
-# examples and on the first RELEASE_WORKLOADS workloads of RELEASE_FAMILIES (CI time: about 40 s
-# in a child running beside the others).
+# examples and on the first RELEASE_WORKLOADS workloads of RELEASE_FAMILIES (190 jobs: 70 s measured
+# on a loaded 2-core machine, in a child running beside the others).
 RELEASE_ORACLES = ("0.5.15",)
 RELEASE_FAMILIES = ("pressure", "multi_turn", "page_16", "namespaces")
 RELEASE_WORKLOADS = 15
