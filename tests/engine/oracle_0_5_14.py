@@ -57,6 +57,7 @@ from dataclasses import asdict
 
 from engine.oracle_0_5_23 import OracleConfig
 from sglang_0_5_14 import run_0_5_14
+from sglang_release import run_release
 
 _SCRIPT = r'''
 import os
@@ -334,16 +335,22 @@ for job in PAYLOAD:
 '''
 
 
-def replay_jobs(jobs: list[tuple[OracleConfig, list[list[dict]]]], *, timeout: float = 600) -> list[list]:
+def replay_jobs(
+    jobs: list[tuple[OracleConfig, list[list[dict]]]], *, timeout: float = 600, version: str = "0.5.14"
+) -> list[list]:
     """Several (config, workloads) jobs in one child; per job, per workload, per request results
     (or, for a write_back workload on which 0.5.14's tree fails its own evict_host assertion,
     {"sglang_failed": message}).
 
-    A workload is a list of {"prompt": [ids], "output": [ids]}; each gets a fresh cache.
+    A workload is a list of {"prompt": [ids], "output": [ids]}; each gets a fresh cache. `version`:
+    another HiRadixCache release whose tree the same script drives unchanged (0.5.15,
+    tests/sglang_release.py), else 0.5.14.
     """
     payload = [{"config": asdict(config), "workloads": workloads} for config, workloads in jobs]
+    if version != "0.5.14":
+        return run_release(version, _SCRIPT, payload, timeout=timeout)
     return run_0_5_14(_SCRIPT, payload, timeout=timeout)
 
 
-def replay(workloads: list[list[dict]], config: OracleConfig) -> list[list[dict]]:
-    return replay_jobs([(config, workloads)])[0]
+def replay(workloads: list[list[dict]], config: OracleConfig, version: str = "0.5.14") -> list[list[dict]]:
+    return replay_jobs([(config, workloads)], version=version)[0]

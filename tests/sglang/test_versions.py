@@ -68,6 +68,24 @@ def test_tlru_from_0_5_21():
     assert "tlru" not in policy.eviction_policies("0.5.20") and "tlru" in policy.eviction_policies("0.5.21")
 
 
+def test_write_back_eviction_rules_per_release():
+    """The drop from 0.5.15 (hiradix_cache.py `_drop_subtree_no_host`), victims held for the pass
+    through the HiRadixCache releases (docs/controller.md#device-eviction); the engine's examples
+    check 0.5.14, 0.5.15 and 0.5.23 against SGLang's trees (tests/engine/test_oracle.py)."""
+    assert [policy.drops_unbacked_write_back(v) for v in ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.23")] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert [policy.defers_write_back_victims(v) for v in ("0.5.14", "0.5.18", "0.5.19", "0.5.23")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
 def keys_json(*args):
     result = hicache(["inspect", "keys", "--tokens", "1,2,3,4", "--page-size", "2", *args, "--json"])
     assert result.exit_code == 0, result.stdout + result.stderr

@@ -186,6 +186,24 @@ RULES: tuple[Rule, ...] = (
         lambda v, d: "the shortfall" if policy.backs_up_unbacked_ancestors(v) else "the whole allocation",
     ),
     Rule(
+        "write_back drop of a leaf its backup cannot place",
+        (policy.WRITE_BACK_DROP_SINCE,),
+        "srt/mem_cache/hiradix_cache.py, srt/mem_cache/unified_radix_cache.py",
+        lambda v, d: (
+            "dropped with its host-only subtree" if policy.drops_unbacked_write_back(v) else "kept on the device"
+        ),
+    ),
+    Rule(
+        "write_back victims of an eviction pass",
+        (policy.WRITE_BACK_VICTIMS_HELD_UNTIL,),
+        "srt/mem_cache/hiradix_cache.py, srt/mem_cache/unified_radix_cache.py",
+        lambda v, d: (
+            "held from host eviction until the pass ends"
+            if policy.defers_write_back_victims(v)
+            else "demoted one at a time"
+        ),
+    ),
+    Rule(
         "write_back host reclaim",
         (policy.WRITE_BACK_RECLAIM_SINCE,),
         "srt/mem_cache/unified_radix_cache.py",

@@ -71,7 +71,8 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         self._counts_revived = pol.counts_revived_nodes(version)
         self._chains_ancestors = pol.backs_up_unbacked_ancestors(version)
         self._reclaims_duplicates = pol.reclaims_host_duplicates(version, config.write_policy)
-        self._drops_unbacked_write_back = version == V0_5_23
+        self._drops_unbacked_write_back = pol.drops_unbacked_write_back(version)
+        self._defers_write_back_victims = pol.defers_write_back_victims(version)
         # Requested tokens of prefetches issued and not yet admitted (the concurrency model sets
         # it; one request at a time it is 0 when a prefetch is considered).
         self.in_flight_tokens = 0

@@ -64,7 +64,8 @@ class PoolAllocation:
     host: PagePool
     stats: CacheStats
     _reclaims_duplicates: bool  # the version frees host copies of device-resident nodes first
-    _drops_unbacked_write_back: bool  # 0.5.23 drops a write_back leaf whose backup got no host page
+    _drops_unbacked_write_back: bool  # from 0.5.15: drop a write_back leaf whose backup got no host page
+    _defers_write_back_victims: bool  # 0.5.14-0.5.18: a pass's write_back victims are held on host
     _request_device_evicted: int  # pages evicted for the request in progress
     _request_host_evicted: int
     _write_back_one: Callable[[Node], bool]  # Backups (engine/backup.py); an annotation, not a stub
@@ -114,11 +115,13 @@ class PoolAllocation:
             self._write_back_one if self.config.write_policy == "write_back" and self.config.enable_l2 else None
         )
         freed: list[int] = []
-        # 0.5.23 drops a write_back leaf whose backup got no host page (with its host-only subtree)
+        # from 0.5.15 a write_back leaf whose backup got no host page is dropped (with its host-only subtree)
         host_freed: list[int] | None = [] if write_back and self._drops_unbacked_write_back else None
         nodes = dropped = 0
         try:
-            nodes, dropped = self.tree.evict_device(n, write_back, freed, host_freed)
+            nodes, dropped = self.tree.evict_device(
+                n, write_back, freed, host_freed, hold_written=self._defers_write_back_victims
+            )
         finally:
             stats = self.stats
             if host_freed:

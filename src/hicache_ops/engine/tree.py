@@ -462,20 +462,24 @@ class RadixTree:
         write_back: Callable[[Node], bool] | None,
         freed: list[int],
         host_freed: list[int] | None = None,
+        hold_written: bool = False,
     ) -> tuple[int, int]:
         """Evict whole device leaves in policy order until `pages` pages are freed (or none is left).
 
         A backed-up leaf keeps its host copy; one that is not is deleted, unless `write_back` is
         given: it is then backed up first (write_back returns False when no host page can be had,
-        and the leaf stays; with `host_freed`, 0.5.23's fallback: the leaf and its host-only
+        and the leaf stays; with `host_freed`, the fallback from 0.5.15: the leaf and its host-only
         descendants leave the tree unless one of them is locked, their host pages appended to
-        `host_freed`; docs/controller.md#device-eviction). Freed device pages are appended to
-        `freed` as they go. Returns (nodes evicted, pages dropped from every tier).
+        `host_freed`; docs/controller.md#device-eviction). With `hold_written` (0.5.14-0.5.18), the
+        leaves this call backs up keep their host copies out of host eviction until it returns, or
+        until a drop (0.5.15-0.5.18 release them before dropping). Freed device pages are appended
+        to `freed` as they go. Returns (nodes evicted, pages dropped from every tier).
         """
         heap, leaves = self._device_heap, self.device_leaves
         start = len(freed)
         evicted = dropped = 0
         passed_over: dict[Node, None] = {}  # candidates this call leaves in place: back on the heap after
+        held: list[Node] = []  # hold_written: backed up by this call, pinned on host until it ends
         try:
             while len(freed) - start < pages:
                 node = self._pop_candidate(heap, leaves, DEVICE_HEAP)
@@ -483,14 +487,22 @@ class RadixTree:
                     break
                 if node in passed_over:
                     continue  # a second entry of a node this call already left in place
-                if node.host is None and write_back is not None and not write_back(node):
-                    lost = 0 if host_freed is None else self._drop_unbacked_subtree(node, freed, host_freed)
-                    if not lost:
-                        passed_over[node] = None
+                if node.host is None and write_back is not None:
+                    if write_back(node):
+                        if hold_written:
+                            self.pin_host([node], 1)
+                            held.append(node)
+                    else:
+                        if host_freed is not None and held:
+                            self.pin_host(held, -1)
+                            held.clear()
+                        lost = 0 if host_freed is None else self._drop_unbacked_subtree(node, freed, host_freed)
+                        if not lost:
+                            passed_over[node] = None
+                            continue
+                        evicted += 1
+                        dropped += lost
                         continue
-                    evicted += 1
-                    dropped += lost
-                    continue
                 if node.host is None:
                     if node.children:
                         passed_over[node] = None
@@ -502,6 +514,8 @@ class RadixTree:
                     freed.extend(self._drop_device(node))
                 evicted += 1
         finally:
+            if held:
+                self.pin_host(held, -1)
             for node in passed_over:
                 if node in leaves and not node.heaped & DEVICE_HEAP:
                     node.heaped |= DEVICE_HEAP
@@ -509,7 +523,7 @@ class RadixTree:
         return evicted, dropped
 
     def _drop_unbacked_subtree(self, node: Node, freed: list[int], host_freed: list[int]) -> int:
-        """0.5.23 write_back when a device leaf's backup got no host page: drop the leaf and its
+        """write_back from 0.5.15, when a device leaf's backup got no host page: drop the leaf and its
         host-only descendants (none of them locked, else nothing) from every tier; returns the
         pages dropped (0: none)."""
         descendants: list[Node] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hicache_ops.errors import InputError
-from hicache_ops.sglang.versions import V0_5_14, family, since, validate_version
+from hicache_ops.sglang.versions import UNIFIED_TREE_SINCE, V0_5_14, family, since, validate_version
 
 # docs/controller.md#defaults
 WRITE_POLICIES: tuple[str, ...] = ("write_through", "write_through_selective", "write_back")
@@ -39,6 +39,12 @@ TLRU_SINCE = "0.5.21"
 HOST_AT_HIT_SINCE = "0.5.16"
 # shortfall-sized eviction, unbacked ancestors backed up: mem_cache/unified_radix_cache.py
 SHORTFALL_EVICTION_SINCE = "0.5.19"
+# write_back drops a device leaf whose backup gets no host page, with its host-only subtree:
+# mem_cache/hiradix_cache.py (_drop_subtree_no_host), then unified_radix_cache.py
+WRITE_BACK_DROP_SINCE = "0.5.15"
+# write_back victims of an eviction pass keep their host copies until the pass ends through 0.5.18
+# (mem_cache/hiradix_cache.py `evict` / `_evict_write_back`); UnifiedRadixCache demotes each at once
+WRITE_BACK_VICTIMS_HELD_UNTIL = UNIFIED_TREE_SINCE
 # write_back reclaims host duplicates: mem_cache/unified_radix_cache.py
 WRITE_BACK_RECLAIM_SINCE = "0.5.20"
 # a hit counted once per request (inserted_len): mem_cache/unified_radix_cache.py
@@ -127,6 +133,22 @@ def reclaims_host_duplicates(version: str, write_policy: str) -> bool:
     """0.5.23 write_back frees host copies of device-resident nodes before evicting host nodes
     (docs/controller.md#write_back-host-reclaim)."""
     return since(validate_version(version), WRITE_BACK_RECLAIM_SINCE) and write_policy == "write_back"
+
+
+def drops_unbacked_write_back(version: str) -> bool:
+    """write_back, a device leaf whose backup gets no host page: from 0.5.15 it leaves the tree with
+    its host-only descendants unless one of them is pinned on host; 0.5.14 keeps it on the device
+    (docs/controller.md#device-eviction)."""
+    return since(validate_version(version), WRITE_BACK_DROP_SINCE)
+
+
+def defers_write_back_victims(version: str) -> bool:
+    """write_back, 0.5.14-0.5.18 (HiRadixCache): the nodes an eviction pass backs up keep their host
+    copies out of host eviction until the pass ends (0.5.14 takes them off the device only then;
+    0.5.15-0.5.18 pin them with protect_host and release them at the pass's end or before a drop),
+    so a later backup of the same pass short of host pages cannot free them. From 0.5.19
+    (UnifiedRadixCache) each victim is demoted at once (docs/controller.md#device-eviction)."""
+    return not since(validate_version(version), WRITE_BACK_VICTIMS_HELD_UNTIL)
 
 
 def host_eviction_pages(version: str, needed: int, free: int, prefetch: bool) -> int:
