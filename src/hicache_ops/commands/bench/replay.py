@@ -32,6 +32,7 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
+from hicache_ops.commands.bench.replay_fast import OneBlockPath
 from hicache_ops.commands.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, Trace, TraceRequest
 from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
@@ -358,6 +359,13 @@ class BlockKeys:
             self._known[(prior, row)] = keys
         return keys
 
+    def whole_block(self, request: TraceRequest) -> list[str] | None:
+        """The keys of `request`'s prompt when it is one whole block; None otherwise."""
+        rows = self.tokens.block_rows(request)
+        if isinstance(rows, int) and request.input_length == MOONCAKE_BLOCK_TOKENS:
+            return self._block(None, rows)
+        return None
+
     def __call__(self, request: TraceRequest, prompt_tokens: int) -> list[str]:
         """The keys of the whole pages of `request`'s prompt of `prompt_tokens` tokens."""
         rows = self.tokens.block_rows(request)
@@ -374,11 +382,27 @@ class BlockKeys:
         return keys[:pages]
 
 
-def _serve_group(cache, group, tokens: TokenSource, totals: dict, block_keys: BlockKeys | None = None) -> None:
-    """One arrival group, one request after another (the engine serves one at a time today)."""
+def _serve_group(
+    cache,
+    group,
+    tokens: TokenSource,
+    totals: dict,
+    block_keys: BlockKeys | None = None,
+    one_block: OneBlockPath | None = None,
+) -> None:
+    """One arrival group, one request after another (the engine serves one at a time today); a
+    request that is one whole block goes by `one_block` when given (replay_fast.py)."""
     prefill = cache.prefill
     l1 = l2 = l3 = 0
     for request in group:
+        if one_block is not None and block_keys is not None:
+            keys = block_keys.whole_block(request)
+            if keys is not None:
+                hits = one_block.serve(keys)
+                if hits is not None:
+                    l1 += hits[0]
+                    l2 += hits[1]
+                    continue
         arr = tokens.tokens(request)
         if block_keys is None:
             result = prefill(arr, request.extra_key, request.cache_salt)
@@ -411,6 +435,7 @@ class ReplayRun:
     elapsed_s: float = 0.0
     interrupted: bool = False
     baseline: replay_baseline.ReferenceRun | None = None
+    one_block_requests: int = 0  # served by replay_fast.py's one-block path
 
     @property
     def cached_tokens(self) -> int:
@@ -489,9 +514,12 @@ def replay(
     tokens: TokenSource | None = None,
     progress: Progress | None = None,
     run_number: tuple[int, int] = (1, 1),
+    one_block_path: bool = True,
 ) -> ReplayRun:
     """Run the trace through one configuration; Ctrl-C stops it with what was replayed so far
-    (between arrival groups under interrupt.stop_on_signals, at once otherwise)."""
+    (between arrival groups under interrupt.stop_on_signals, at once otherwise).
+    `one_block_path`: serve one-block requests by replay_fast.py where it applies (the results
+    are the same either way; False: every request by the engine's prefill)."""
     from dataclasses import asdict
 
     spec.validate()
@@ -506,6 +534,9 @@ def replay(
     }
     totals = dict.fromkeys(TIERS, 0)
     block_keys = BlockKeys(tokens, spec.page_size) if BlockKeys.applies(trace, spec.page_size) else None
+    one_block = None
+    if one_block_path and block_keys is not None and OneBlockPath.applies(cache, MOONCAKE_BLOCK_TOKENS):
+        one_block = OneBlockPath(cache, MOONCAKE_BLOCK_TOKENS)
     done = prompt = 0
     interrupted = False
     total = len(trace.requests)
@@ -521,7 +552,7 @@ def replay(
                 break
             if bounded_l3 is not None:
                 bounded_l3.advance(group[0].timestamp)
-            _serve_group(cache, group, tokens, totals, block_keys)
+            _serve_group(cache, group, tokens, totals, block_keys, one_block)
             done += len(group)
             prompt += sum(r.input_length for r in group)
             if progress is not None:
@@ -549,6 +580,7 @@ def replay(
         l3_failed_puts=bounded_l3.failed_puts if bounded_l3 else 0,
         elapsed_s=elapsed,
         interrupted=interrupted,
+        one_block_requests=one_block.served if one_block is not None else 0,
     )
 
 
