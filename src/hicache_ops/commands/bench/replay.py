@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -322,6 +323,10 @@ def _build_cache(spec: ReplaySpec):
     return build_accounting(engine_spec, l3=True, shared_l3=l3), l3
 
 
+# BlockKeys' tables, per TokenSource and page size (weak: they go with the TokenSource).
+_KEY_TABLES: weakref.WeakKeyDictionary[TokenSource, dict[int, tuple[dict, dict]]] = weakref.WeakKeyDictionary()
+
+
 class BlockKeys:
     """The page keys of mooncake-format prompts, hashed once per block and run (given to the
     engine's prefill as known keys, so it hashes nothing).
@@ -334,14 +339,19 @@ class BlockKeys:
     the first of the whole block's). The keys are those `TieredCache.keys_for` gives a prompt with
     no namespace (tree and L3 keys alike, in both versions); mooncake lines carry none.
     Memory: one list of 512 / page size keys per distinct (prior key, block), about half the
-    block table's 2 KiB per id at 64-token pages; dropped with the run.
+    block table's 2 KiB per id at 64-token pages; kept as long as the TokenSource, per page size
+    (the keys depend on the tokens and the page size alone: a sweep's points and a benchmark's
+    repeats over one TokenSource hash each block once).
     """
 
     def __init__(self, tokens: TokenSource, page_size: int):
         self.tokens = tokens
         self.page_size = page_size
-        self._known: dict[tuple[str | None, int], list[str]] = {}
-        self._first: dict[int, list[str]] = {}  # a prompt's first block (no prior key): by row
+        tables = _KEY_TABLES.setdefault(tokens, {})
+        if page_size not in tables:
+            tables[page_size] = ({}, {})
+        # _known: by (prior key, row); _first: a prompt's first block (no prior key), by row.
+        self._known, self._first = tables[page_size]
 
     @staticmethod
     def applies(trace: Trace, page_size: int) -> bool:
