@@ -10,8 +10,9 @@ Beside it, from the same requests: the ceiling (an unbounded cache with SGLang's
 the published-style block LRU (replay_baseline.py); the report of one configuration or a sweep
 (replay_report.py) puts them together, and replay_plot.py draws a sweep.
 
-This module is the command's only door to the engine, so re-pointing it at a new engine API is a
-change here alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
+This module and replay_fast.py (the one-block path, which drives the tree, pools and backups
+directly) are the command's only doors to the engine, so re-pointing it at a new engine API is a
+change there alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
 L3Tier), `_serve_group` (TieredCache.prefill, one request at a time), `replay` (the cache's pool
 sizes and CacheStats counters) and `MooncakeEvictingL3` (the L3Tier interface and its outcomes).
 
