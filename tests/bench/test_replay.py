@@ -107,8 +107,9 @@ def test_block_keys_are_the_keys_the_engine_computes(tmp_path, page_size):
     for trace in (load_trace(write_lines(tmp_path / "t.jsonl", lines)), load_trace(str(SLICE), limit=80)):
         source = TokenSource(trace)
         assert BlockKeys.applies(trace, page_size)
-        block_keys = BlockKeys(source, page_size)
-        for _ in range(2):  # cold, then every block known
+        for run in range(2):  # cold, then (a later replay over the same TokenSource) every block known
+            block_keys = BlockKeys(source, page_size)
+            assert bool(block_keys._first) == (run == 1)
             compared = 0
             for request in trace.requests:
                 tokens = source.tokens(request)
@@ -327,6 +328,73 @@ def test_sweep_plot_is_written(tmp_path):
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot:" in result.stdout
+
+
+def _page_stream(trace, lag=0):
+    """Every request of `trace` split into its blocks, one whole-block request each, in order;
+    with a `lag`, every third block is asked again `lag` blocks later, and every fifth 5 later."""
+    from hicache_ops.commands.bench.replay_trace import Trace, TraceRequest
+
+    blocks = [(r.timestamp, block) for r in trace.requests for block in r.block_ids()]
+    requests = []
+    for i, (timestamp, block) in enumerate(blocks):
+        requests.append(TraceRequest(0, timestamp, MOONCAKE_BLOCK_TOKENS, 1, hash_ids=[block]))
+        if lag and i >= lag and i % 3 == 0:
+            requests.append(TraceRequest(0, timestamp, MOONCAKE_BLOCK_TOKENS, 1, hash_ids=[blocks[i - lag][1]]))
+        if lag and i >= 5 and i % 5 == 0:
+            requests.append(TraceRequest(0, timestamp, MOONCAKE_BLOCK_TOKENS, 1, hash_ids=[blocks[i - 5][1]]))
+    for number, request in enumerate(requests, 1):
+        request.line = number
+    return Trace("pages", "mooncake", requests)
+
+
+def _mixed_stream(trace):
+    """The page stream's first blocks, then the trace's requests with each one's first block
+    alone before it: one-block requests on a tree that longer prompts (and partial last blocks)
+    shaped, so the one-block path meets the shapes it hands back to the engine."""
+    from hicache_ops.commands.bench.replay_trace import Trace, TraceRequest
+
+    requests = list(_page_stream(trace.head(20)).requests)
+    for r in trace.requests[:60]:
+        requests.append(TraceRequest(0, r.timestamp, MOONCAKE_BLOCK_TOKENS, 1, hash_ids=r.block_ids()[:1]))
+        requests.append(TraceRequest(0, r.timestamp, r.input_length, 1, hash_ids=r.block_ids()))
+    for number, request in enumerate(requests, 1):
+        request.line = number
+    return Trace("mixed", "mooncake", requests)
+
+
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_the_one_block_path_gives_the_engine_prefills_results(version, write_policy, page_size):
+    from dataclasses import asdict
+
+    trace = load_trace(str(SLICE))
+    # L1 of 40 blocks, L2 of 80: a block asked again 60 blocks on is on the host.
+    pages, mixed = _page_stream(trace.head(50), lag=60), _mixed_stream(trace)
+    longest = max(r.input_length for r in mixed.requests)
+    for stream, l1_tokens in ((pages, 40 * MOONCAKE_BLOCK_TOKENS), (mixed, longest + 20 * MOONCAKE_BLOCK_TOKENS)):
+        spec = ReplaySpec(
+            page_size=page_size, l1_tokens=l1_tokens, l3="none", write_policy=write_policy, sglang_version=version
+        )
+        tokens = TokenSource(stream)
+        fast = replay(spec, stream, tokens)
+        general = replay(spec, stream, tokens, one_block_path=False)
+        assert general.one_block_requests == 0
+        # The one-block path served the page stream, and the mixed stream's blocks but where it
+        # hands a shape back.
+        one_block = sum(1 for r in stream.requests if len(r.block_ids()) == 1)
+        assert fast.one_block_requests >= (one_block if stream is pages else one_block // 2) > 0
+        figures = [
+            (run.requests, run.prompt_tokens, run.cached, run.stats, run.tiers(1).model_dump())
+            for run in (fast, general)
+        ]
+        assert figures[0] == figures[1]
+        if stream is pages:  # the stream reached both hits, eviction from both tiers and load-back
+            stats = general.stats
+            assert stats["device_hit"] and stats["host_hit"] and stats["device_evictions"], stats
+            assert stats["host_evictions"] and stats["bytes_h2d"], stats
+    assert asdict(fast.spec) == asdict(general.spec)
 
 
 # ---------------------------------------------------------------------------------------------

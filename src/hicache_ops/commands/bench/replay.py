@@ -10,8 +10,9 @@ Beside it, from the same requests: the ceiling (an unbounded cache with SGLang's
 the published-style block LRU (replay_baseline.py); the report of one configuration or a sweep
 (replay_report.py) puts them together, and replay_plot.py draws a sweep.
 
-This module is the command's only door to the engine, so re-pointing it at a new engine API is a
-change here alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
+This module and replay_fast.py (the one-block path, which drives the tree, pools and backups
+directly) are the command's only doors to the engine, so re-pointing it at a new engine API is a
+change there alone: `ReplaySpec.engine_spec` (EngineSpec), `_build_cache` (build_accounting with an
 L3Tier), `_serve_group` (TieredCache.prefill, one request at a time), `replay` (the cache's pool
 sizes and CacheStats counters) and `MooncakeEvictingL3` (the L3Tier interface and its outcomes).
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from pydantic import Field
 
 from hicache_ops import interrupt
 from hicache_ops.commands.bench import replay_baseline
+from hicache_ops.commands.bench.replay_fast import OneBlockPath
 from hicache_ops.commands.bench.replay_trace import MOONCAKE_BLOCK_TOKENS, TokenSource, Trace, TraceRequest
 from hicache_ops.errors import InputError, SettingError
 from hicache_ops.results import Result
@@ -321,6 +324,10 @@ def _build_cache(spec: ReplaySpec):
     return build_accounting(engine_spec, l3=True, shared_l3=l3), l3
 
 
+# BlockKeys' tables, per TokenSource and page size (weak: they go with the TokenSource).
+_KEY_TABLES: weakref.WeakKeyDictionary[TokenSource, dict[int, tuple[dict, dict]]] = weakref.WeakKeyDictionary()
+
+
 class BlockKeys:
     """The page keys of mooncake-format prompts, hashed once per block and run (given to the
     engine's prefill as known keys, so it hashes nothing).
@@ -333,14 +340,19 @@ class BlockKeys:
     the first of the whole block's). The keys are those `TieredCache.keys_for` gives a prompt with
     no namespace (tree and L3 keys alike, in both versions); mooncake lines carry none.
     Memory: one list of 512 / page size keys per distinct (prior key, block), about half the
-    block table's 2 KiB per id at 64-token pages; dropped with the run.
+    block table's 2 KiB per id at 64-token pages; kept as long as the TokenSource, per page size
+    (the keys depend on the tokens and the page size alone: a sweep's points and a benchmark's
+    repeats over one TokenSource hash each block once).
     """
 
     def __init__(self, tokens: TokenSource, page_size: int):
         self.tokens = tokens
         self.page_size = page_size
-        self._known: dict[tuple[str | None, int], list[str]] = {}
-        self._first: dict[int, list[str]] = {}  # a prompt's first block (no prior key): by row
+        tables = _KEY_TABLES.setdefault(tokens, {})
+        if page_size not in tables:
+            tables[page_size] = ({}, {})
+        # _known: by (prior key, row); _first: a prompt's first block (no prior key), by row.
+        self._known, self._first = tables[page_size]
 
     @staticmethod
     def applies(trace: Trace, page_size: int) -> bool:
@@ -358,6 +370,13 @@ class BlockKeys:
             self._known[(prior, row)] = keys
         return keys
 
+    def whole_block(self, request: TraceRequest) -> list[str] | None:
+        """The keys of `request`'s prompt when it is one whole block; None otherwise."""
+        rows = self.tokens.block_rows(request)
+        if isinstance(rows, int) and request.input_length == MOONCAKE_BLOCK_TOKENS:
+            return self._block(None, rows)
+        return None
+
     def __call__(self, request: TraceRequest, prompt_tokens: int) -> list[str]:
         """The keys of the whole pages of `request`'s prompt of `prompt_tokens` tokens."""
         rows = self.tokens.block_rows(request)
@@ -374,11 +393,27 @@ class BlockKeys:
         return keys[:pages]
 
 
-def _serve_group(cache, group, tokens: TokenSource, totals: dict, block_keys: BlockKeys | None = None) -> None:
-    """One arrival group, one request after another (the engine serves one at a time today)."""
+def _serve_group(
+    cache,
+    group,
+    tokens: TokenSource,
+    totals: dict,
+    block_keys: BlockKeys | None = None,
+    one_block: OneBlockPath | None = None,
+) -> None:
+    """One arrival group, one request after another (the engine serves one at a time today); a
+    request that is one whole block goes by `one_block` when given (replay_fast.py)."""
     prefill = cache.prefill
     l1 = l2 = l3 = 0
     for request in group:
+        if one_block is not None and block_keys is not None:
+            keys = block_keys.whole_block(request)
+            if keys is not None:
+                hits = one_block.serve(keys)
+                if hits is not None:
+                    l1 += hits[0]
+                    l2 += hits[1]
+                    continue
         arr = tokens.tokens(request)
         if block_keys is None:
             result = prefill(arr, request.extra_key, request.cache_salt)
@@ -411,6 +446,7 @@ class ReplayRun:
     elapsed_s: float = 0.0
     interrupted: bool = False
     baseline: replay_baseline.ReferenceRun | None = None
+    one_block_requests: int = 0  # served by replay_fast.py's one-block path
 
     @property
     def cached_tokens(self) -> int:
@@ -489,9 +525,12 @@ def replay(
     tokens: TokenSource | None = None,
     progress: Progress | None = None,
     run_number: tuple[int, int] = (1, 1),
+    one_block_path: bool = True,
 ) -> ReplayRun:
     """Run the trace through one configuration; Ctrl-C stops it with what was replayed so far
-    (between arrival groups under interrupt.stop_on_signals, at once otherwise)."""
+    (between arrival groups under interrupt.stop_on_signals, at once otherwise).
+    `one_block_path`: serve one-block requests by replay_fast.py where it applies (the results
+    are the same either way; False: every request by the engine's prefill)."""
     from dataclasses import asdict
 
     spec.validate()
@@ -506,6 +545,9 @@ def replay(
     }
     totals = dict.fromkeys(TIERS, 0)
     block_keys = BlockKeys(tokens, spec.page_size) if BlockKeys.applies(trace, spec.page_size) else None
+    one_block = None
+    if one_block_path and block_keys is not None and OneBlockPath.applies(cache, MOONCAKE_BLOCK_TOKENS):
+        one_block = OneBlockPath(cache, MOONCAKE_BLOCK_TOKENS)
     done = prompt = 0
     interrupted = False
     total = len(trace.requests)
@@ -521,7 +563,7 @@ def replay(
                 break
             if bounded_l3 is not None:
                 bounded_l3.advance(group[0].timestamp)
-            _serve_group(cache, group, tokens, totals, block_keys)
+            _serve_group(cache, group, tokens, totals, block_keys, one_block)
             done += len(group)
             prompt += sum(r.input_length for r in group)
             if progress is not None:
@@ -549,6 +591,7 @@ def replay(
         l3_failed_puts=bounded_l3.failed_puts if bounded_l3 else 0,
         elapsed_s=elapsed,
         interrupted=interrupted,
+        one_block_requests=one_block.served if one_block is not None else 0,
     )
 
 
