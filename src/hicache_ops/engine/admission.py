@@ -205,8 +205,10 @@ class Admission(CacheParts):
         """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
         until `finish`."""
         with self.lock:
-            _, arrival.held, _, _ = self._prefill(
-                arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival
+            # The prefill allocates the prompt's partial last page too (SGLang's alloc_extend,
+            # evicting when short); the request holds it until its finish.
+            _, arrival.held, _, arrival.tail = self._prefill(
+                arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival, hold_tail=True
             )
             self.reserved_tokens += self._reserved_tokens(arrival)
 
@@ -220,7 +222,8 @@ class Admission(CacheParts):
                     extra_key,
                     cache_salt,
                     arrival.result,
+                    held_pages=arrival.tail,
                 )
             finally:
                 self.tree.unlock(arrival.held)
-                arrival.held = []
+                arrival.held, arrival.tail = [], []

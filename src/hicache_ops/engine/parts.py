@@ -60,6 +60,7 @@ class Arrival:
     anchor: Node | None = None  # the node its prefetch attaches below, host-pinned until admission
     matched_pages: int = 0  # its local match when its prefetch was last considered
     held: list[Node] = field(default_factory=list)
+    tail: list[int] = field(default_factory=list)  # the device page of its partial last prompt page
 
 
 class CacheParts:
