@@ -114,6 +114,7 @@ class Scheduler:
             if not cache.check_prefetch(arrival, self.clock):
                 blocked = True
                 continue  # its stop policy waits on its read: skipped this pass
+            cache.match_waiting(arrival)  # matched whether or not it is admitted
             if self._retries and cache.requery_after_match_loss(arrival, self.pass_no, self.clock):
                 requeried += 1
                 continue
@@ -126,12 +127,14 @@ class Scheduler:
                 rem_input -= pol.paged_tokens(extend, cfg.page_size)
             remaining -= cache.pass_charge_tokens(arrival)
             arrival.retry_armed, arrival.retry_due = False, None  # admitted: its pending re-query is dropped
-            cache.admit(arrival)
+            cache.admit_match(arrival)
             admitted.append(arrival)
             self.running.append((self.pass_no + arrival.decode_passes, arrival))
             if remaining <= 0 or (rem_input is not None and rem_input <= 0):
                 break  # the verdict after an admission: nothing left (before the next prefetch check)
         if admitted:
+            for arrival in admitted:  # the pass's batch runs its prefills (each matched above)
+                cache.prefill_admitted(arrival)
             self.waiting = [a for a in self.waiting if a not in admitted]
         elif self.waiting and not self.running and not requeried:
             nxt = cache.next_prefetch_event(self.waiting, self.clock) if blocked else None
