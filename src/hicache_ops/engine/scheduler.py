@@ -7,9 +7,11 @@ each pass finishes the requests whose decode is over, re-queries 0.5.23's misses
 are due, and admits waiting requests in queue order while the device can hold them next to the
 KV the running requests hold and the pass's batch-size and prefill-token caps allow
 (docs/controller.md#admission-budget) (0.5.23 first re-issues the prefetch of a request whose match shrank
-while it waited, and admits it on a later pass). An admitted request's prefetch lands (its requested tokens leave
-the in-flight count), its host part loads back, the rest is computed, and it runs for one pass
-per output token before its finish inserts prompt and output.
+while it waited, and admits it on a later pass). Each request the pass reaches is matched (admitted or
+not); an admitted request's prefetch lands (its requested tokens leave the in-flight count) and
+its host part loads back, and the pass's prefills (the rest computed and inserted) run after the
+loop, as SGLang runs the batch it built (docs/controller.md#admission-budget). It runs for one
+pass per output token before its finish inserts prompt and output.
 
 Time (docs/controller.md#transfer-time): the scheduler keeps a clock. Requests arrive at its
 current time; the first pass runs `admission_s` later and each next one `pass_s` after it. An
