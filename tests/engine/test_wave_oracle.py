@@ -75,6 +75,7 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
             hits: dict[str, tuple[int, int]] = {}
             running: list[list] = []  # [end pass, req, prompt, output, row, protected, inserted, lock]
             pass_no = 0
+            batch_full = False  # the Scheduler's running_batch.batch_is_full
             while waiting or running:
                 pass_no += 1
                 if pass_no > 10_000:
@@ -85,6 +86,7 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
                     if end > pass_no:
                         still.append(entry)
                         continue
+                    batch_full = False  # a request leaves the running batch
                     kept = prompt + output[:-1]
                     row = run.extend(row, len(kept))
                     row, protected, inserted, lock = run.insert(kept, len(prompt), row, protected, inserted, lock)
@@ -97,15 +99,17 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
                     PS, cache, run.allocator, ScheduleBatch(reqs=[e[1] for e in running]), 1.0, NO_CAP, None
                 )
                 device_hit = {}
-                for req, _, _ in waiting:
+                if reach is not None:
+                    reach["passes kept from admitting by batch_is_full"] += batch_full and bool(waiting)
+                for req, _, _ in waiting if not batch_full else []:
                     if adder.budget_state() == AddReqResult.OTHER:
                         break
                     req.init_next_round_input(cache)
                     device_hit[req.rid] = req.prefix_len
-                    if (
-                        adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
-                        != AddReqResult.CONTINUE
-                    ):
+                    verdict = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                    if verdict != AddReqResult.CONTINUE:
+                        if verdict == AddReqResult.NO_TOKEN:
+                            batch_full = bool(adder.can_run_list or running)
                         break
                 admitted = {req.rid for req in adder.can_run_list}
                 if reach is not None:
@@ -163,7 +167,8 @@ def test_sglangs_waves_reach_what_requests_in_flight_together_do():
             reach["device hit"] += sum(d > 0 for d, _ in wave)
             reach["host hit"] += sum(h > 0 for _, h in wave)
     wanted = ("device hit", "host hit", "passes admitting two or more", "admitted while others run")
-    assert min(reach[k] for k in wanted + ("held back by device room",)) > 0, reach
+    held_back = ("held back by device room", "passes kept from admitting by batch_is_full")
+    assert min(reach[k] for k in wanted + held_back) > 0, reach
 
 
 def test_wave_hits_are_sglangs():
@@ -211,3 +216,15 @@ def test_a_request_the_pass_does_not_admit_still_splits_its_match():
     wave_list = [[a], [b, c]]
     assert sglang_wave(44, wave_list) == [[(0, 0)], [(0, 0), (4, 0)]]
     assert engine_wave(44, wave_list) == sglang_wave(44, wave_list)
+
+
+def test_no_pass_admits_after_a_memory_refusal_until_a_request_leaves():
+    """SGLang's `batch_is_full` (`_get_new_batch_prefill_raw`, 0.5.23 and 0.5.14 with HiCache):
+    X's NO_TOKEN next to P, admitted on the same pass, keeps the next passes from admitting until
+    P leaves, although the page of alignment P's admission charged is free again on the next
+    pass and X would fit there. X is admitted after P's finish and finds P's prompt and output
+    (2 pages), not the page P's prefill inserted."""
+    p = ([1, 2, 3, 4, 5, 6], [7, 8, 9])
+    x = ([1, 2, 3, 4, 5, 6, 7, 8, *range(100, 136)], [200])
+    assert sglang_wave(64, [[p, x]]) == [[(0, 0), (8, 0)]]
+    assert engine_wave(64, [[p, x]]) == sglang_wave(64, [[p, x]])

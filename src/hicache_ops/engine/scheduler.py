@@ -68,6 +68,9 @@ class Scheduler:
         cache.advance_clock(self.clock)
         self._jump_to: float | None = None
         self._retries = pol.retries_rate_limited(cache.config.sglang_version)
+        # SGLang's running_batch.batch_is_full after a memory refusal: no pass admits until a
+        # running request leaves (docs/controller.md#admission-budget).
+        self.batch_full = False
 
     @property
     def idle(self) -> bool:
@@ -99,6 +102,7 @@ class Scheduler:
         for end, arrival in self.running:
             if end <= self.pass_no:
                 cache.finish(arrival)
+                self.batch_full = False  # a request left the running batch
             else:
                 still_running.append((end, arrival))
         self.running = still_running
@@ -110,7 +114,7 @@ class Scheduler:
         running_before = len(self.running)
         rem_input = cfg.max_prefill_tokens
         remaining = cache.room_tokens()  # SGLang's remaining_total, charged per admitted request
-        for arrival in self.waiting:
+        for arrival in self.waiting if not self.batch_full else []:
             if pol.batch_is_full(cfg.max_running_requests, running_before, len(admitted)):
                 break  # before its prefetch is asked whether it may stop: it does not land
             if not cache.check_prefetch(arrival, self.clock):
@@ -124,7 +128,10 @@ class Scheduler:
             if pol.input_budget_refuses(extend, cfg.page_size, rem_input, len(admitted)):
                 break  # this pass's prefill tokens are spent
             if not cache.can_admit(arrival, remaining):
-                break  # SGLang stops adding to the batch when the device has no room
+                # SGLang stops adding to the batch when the device has no room (NO_TOKEN) and
+                # keeps later passes from admitting while something is admitted or running.
+                self.batch_full = bool(self.running)  # this pass's admissions run too
+                break
             if rem_input is not None:
                 rem_input -= pol.paged_tokens(extend, cfg.page_size)
             remaining -= cache.pass_charge_tokens(arrival)
