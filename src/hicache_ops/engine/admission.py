@@ -145,6 +145,15 @@ class Admission(CacheParts):
             self._queue_prefetch(arrival, now)
         return True
 
+    def match_waiting(self, arrival: Arrival) -> None:
+        """SGLang's `init_next_round_input` for a waiting request a pass's loop reaches (admitted
+        or not): the match splits the node it ends inside and stamps its path as accessed, and
+        eviction, which takes whole nodes, then takes what lies past the split first
+        (docs/oracle.md#scheduler-level-code)."""
+        cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        with self.lock:
+            self.tree.match(arrival.keys[0][:cap])
+
     def _reserved_tokens(self, arrival: Arrival) -> int:
         # A running request holds its partial last prompt page outside the tree and SGLang's
         # running-batch offset reserves min(max_new_tokens, 4096) decode tokens for it
@@ -202,15 +211,29 @@ class Admission(CacheParts):
         return self.admission_tokens(arrival) < remaining_tokens
 
     def admit(self, arrival: Arrival) -> None:
-        """The request leaves the queue: prefill with its landed prefetch; its nodes stay locked
-        until `finish`."""
+        """The request leaves the queue alone: `admit_match` then `prefill_admitted`."""
+        self.admit_match(arrival)
+        self.prefill_admitted(arrival)
+
+    def admit_match(self, arrival: Arrival) -> None:
+        """The request leaves the queue: it matches the tree as it is now (what this pass's
+        earlier admissions loaded back and locked, not what their prefills insert), its prefetch
+        lands and its host part loads back; `prefill_admitted` runs its prefill after the pass, as
+        SGLang runs the prefill of the batch a pass built (docs/oracle.md#scheduler-level-code).
+        Its nodes stay locked until `finish`."""
         with self.lock:
-            # The prefill allocates the prompt's partial last page too (SGLang's alloc_extend,
-            # evicting when short); the request holds it until its finish.
-            _, arrival.held, _, arrival.tail = self._prefill(
-                arrival.prompt, arrival.n_pages, None, None, False, False, arrival=arrival, hold_tail=True
-            )
+            arrival.matched = self._prefill_match(arrival.prompt, arrival.n_pages, None, None, False, arrival=arrival)
+            arrival.held = arrival.matched.held
             self.reserved_tokens += self._reserved_tokens(arrival)
+
+    def prefill_admitted(self, arrival: Arrival) -> None:
+        """The prefill of a request `admit_match` matched: compute past the match it recorded and insert
+        (pages another request of its pass inserted meanwhile are duplicates, freed)."""
+        matched, arrival.matched = arrival.matched, None
+        if matched is None:
+            raise ValueError("prefill_admitted needs a request admit_match matched")
+        with self.lock:
+            _, arrival.held, _, arrival.tail = self._prefill_compute(matched, False, hold_tail=True)
 
     def finish(self, arrival: Arrival, extra_key: str | None = None, cache_salt: str | None = None) -> None:
         with self.lock:

@@ -27,7 +27,7 @@ from hicache_ops.engine.backup import Backups
 from hicache_ops.engine.config import CacheConfig
 from hicache_ops.engine.l3_prefetch import L3Prefetch
 from hicache_ops.engine.page_pools import CapacityError, PagePool, PoolAllocation
-from hicache_ops.engine.parts import Arrival, TokenKeys
+from hicache_ops.engine.parts import Arrival, MatchedPrefill, TokenKeys
 from hicache_ops.engine.planes import DataPlane, L3Tier
 from hicache_ops.engine.results import CacheStats, PrefillResult
 from hicache_ops.engine.tree import Node, RadixTree, page_views
@@ -251,7 +251,24 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         (`hold_tail`: the request keeps it for its finish; none when the prompt is whole pages).
         With an `arrival`, its prefetch was issued when it queued and lands now; otherwise the
         prefetch is issued and landed here. Without `count_hits` the prompt's insert counts no hit
-        and backs nothing up (the finish insert does)."""
+        and backs nothing up (the finish insert does). The match half and the compute half run
+        apart under the scheduler (`_prefill_match`, `_prefill_compute`)."""
+        matched = self._prefill_match(arr, n_pages, extra_key, cache_salt, with_keys, arrival=arrival, known=known)
+        return self._prefill_compute(matched, force_backup, count_hits=count_hits, hold_tail=hold_tail)
+
+    def _prefill_match(
+        self,
+        arr: np.ndarray,
+        n_pages: int,
+        extra_key: str | None,
+        cache_salt: str | None,
+        with_keys: bool,
+        *,
+        arrival: Arrival | None = None,
+        known: tuple[list[str], list[str]] | None = None,
+    ) -> MatchedPrefill:
+        """The match half of a prefill: match the tree (device hit, then host hit), lock the path,
+        land or issue the prefetch and load the host part back."""
         ps, tree = self.config.page_size, self.tree
         t0 = time.perf_counter()
         self._last_backup_bytes = self._last_l3_bytes = 0
@@ -293,7 +310,6 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                 cache_salt=cache_salt,
             )
         held: list[Node] = []
-        tail: list[int] = []  # the partial last page's device page, with hold_tail
         if path:
             tree.lock([path[-1]])
             held.append(path[-1])
@@ -333,8 +349,45 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                     result.storage_hit = fetched_pages * ps
                     on_device += to_load
                 timings["load_back"] = (time.perf_counter() - t) * 1e3
-            pos = _pages(on_device)
+        except BaseException:
+            tree.unlock(held)
+            raise
+        return MatchedPrefill(
+            n_pages,
+            result,
+            (tree_keys, storage_keys),
+            held,
+            on_device,
+            (time.perf_counter() - t0) * 1e3,
+            self._request_device_evicted,
+            self._request_host_evicted,
+            self._last_backup_bytes,
+            self._last_l3_bytes,
+        )
 
+    def _prefill_compute(
+        self, matched: MatchedPrefill, force_backup: bool, *, count_hits: bool = True, hold_tail: bool = False
+    ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]:
+        """The compute half of a prefill: compute the prompt past its matched prefix, insert it (a
+        hit per node the insert passes on the device) and back nodes up by the write policy."""
+        ps, tree = self.config.page_size, self.tree
+        t0 = time.perf_counter()
+        self._last_backup_bytes = self._last_l3_bytes = 0
+        self._request_device_evicted = self._request_host_evicted = 0
+        n_pages, result, held = matched.n_pages, matched.result, matched.held
+        on_device, (tree_keys, storage_keys) = matched.on_device, matched.keys
+        timings = result.timings_ms
+        pos = _pages(on_device)
+        if on_device and pos != on_device[-1].depth + len(on_device[-1].keys):
+            # A request matched since split a node of the prefix (the list holds its lower half):
+            # the prefix is the path down to its last node as it stands now.
+            pos, node, on_device = on_device[-1].depth + len(on_device[-1].keys), on_device[-1], []
+            while node is not tree.root:
+                on_device.append(node)
+                node = node.parent
+            on_device.reverse()
+        tail: list[int] = []  # the partial last page's device page, with hold_tail
+        try:
             # Compute the rest (host pages not loaded back included): every whole page of the
             # prompt joins the tree; trailing tokens don't.
             t = time.perf_counter()
@@ -383,11 +436,12 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             self.device.give_many(tail)
             raise
 
-        result.bytes_backed_up_to_host = self._last_backup_bytes
-        result.bytes_written_to_l3 = self._last_l3_bytes
-        result.device_evicted_pages = self._request_device_evicted
-        result.host_evicted_pages = self._request_host_evicted
-        timings["total"] = (t_end - t0) * 1e3  # to the backup step's end: what follows is bookkeeping
+        result.bytes_backed_up_to_host = matched.backup_bytes + self._last_backup_bytes
+        result.bytes_written_to_l3 = matched.l3_bytes + self._last_l3_bytes
+        result.device_evicted_pages = matched.device_evicted + self._request_device_evicted
+        result.host_evicted_pages = matched.host_evicted + self._request_host_evicted
+        # To the backup step's end (what follows is bookkeeping), the match half's time included.
+        timings["total"] = matched.elapsed_ms + (t_end - t0) * 1e3
         s = self.stats
         s.requests += 1
         s.prompt_tokens += result.prompt_tokens

@@ -39,6 +39,24 @@ class IssuedPrefetch:
 
 
 @dataclass(eq=False)
+class MatchedPrefill:
+    """A prompt's prefill between its match (its prefetch landed, its host part loaded back,
+    its path locked) and its compute and insert. SGLang matches each request a pass admits in
+    turn and runs their prefills after the pass (docs/oracle.md#scheduler-level-code)."""
+
+    n_pages: int
+    result: PrefillResult
+    keys: TokenKeys
+    held: list[Node]
+    on_device: list[Node]  # the prefix the compute and insert start below
+    elapsed_ms: float  # the match half's time (its timings' total so far)
+    device_evicted: int  # what the match half evicted and backed up
+    host_evicted: int
+    backup_bytes: int
+    l3_bytes: int
+
+
+@dataclass(eq=False)
 class Arrival:
     """A request queued by the concurrency model (scheduler.py), between arrival and finish."""
 
@@ -61,6 +79,7 @@ class Arrival:
     matched_pages: int = 0  # its local match when its prefetch was last considered
     held: list[Node] = field(default_factory=list)
     tail: list[int] = field(default_factory=list)  # the device page of its partial last prompt page
+    matched: MatchedPrefill | None = None  # admitted on this pass, its prefill yet to run
 
 
 class CacheParts:
@@ -114,6 +133,22 @@ class CacheParts:
             count_hits: bool = True,
             hold_tail: bool = False,
             known: TokenKeys | None = None,
+        ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]: ...
+
+        def _prefill_match(
+            self,
+            arr: np.ndarray,
+            n_pages: int,
+            extra_key: str | None,
+            cache_salt: str | None,
+            with_keys: bool,
+            *,
+            arrival: Arrival | None = None,
+            known: TokenKeys | None = None,
+        ) -> MatchedPrefill: ...
+
+        def _prefill_compute(
+            self, matched: MatchedPrefill, force_backup: bool, *, count_hits: bool = True, hold_tail: bool = False
         ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]: ...
 
         def _finish(

@@ -7,9 +7,11 @@ each pass finishes the requests whose decode is over, re-queries 0.5.23's misses
 are due, and admits waiting requests in queue order while the device can hold them next to the
 KV the running requests hold and the pass's batch-size and prefill-token caps allow
 (docs/controller.md#admission-budget) (0.5.23 first re-issues the prefetch of a request whose match shrank
-while it waited, and admits it on a later pass). An admitted request's prefetch lands (its requested tokens leave
-the in-flight count), its host part loads back, the rest is computed, and it runs for one pass
-per output token before its finish inserts prompt and output.
+while it waited, and admits it on a later pass). Each request the pass reaches is matched (admitted or
+not); an admitted request's prefetch lands (its requested tokens leave the in-flight count) and
+its host part loads back, and the pass's prefills (the rest computed and inserted) run after the
+loop, as SGLang runs the batch it built (docs/controller.md#admission-budget). It runs for one
+pass per output token before its finish inserts prompt and output.
 
 Time (docs/controller.md#transfer-time): the scheduler keeps a clock. Requests arrive at its
 current time; the first pass runs `admission_s` later and each next one `pass_s` after it. An
@@ -66,6 +68,9 @@ class Scheduler:
         cache.advance_clock(self.clock)
         self._jump_to: float | None = None
         self._retries = pol.retries_rate_limited(cache.config.sglang_version)
+        # SGLang's running_batch.batch_is_full after a memory refusal: no pass admits until a
+        # running request leaves (docs/controller.md#admission-budget).
+        self.batch_full = False
 
     @property
     def idle(self) -> bool:
@@ -97,6 +102,7 @@ class Scheduler:
         for end, arrival in self.running:
             if end <= self.pass_no:
                 cache.finish(arrival)
+                self.batch_full = False  # a request left the running batch
             else:
                 still_running.append((end, arrival))
         self.running = still_running
@@ -108,12 +114,13 @@ class Scheduler:
         running_before = len(self.running)
         rem_input = cfg.max_prefill_tokens
         remaining = cache.room_tokens()  # SGLang's remaining_total, charged per admitted request
-        for arrival in self.waiting:
+        for arrival in self.waiting if not self.batch_full else []:
             if pol.batch_is_full(cfg.max_running_requests, running_before, len(admitted)):
                 break  # before its prefetch is asked whether it may stop: it does not land
             if not cache.check_prefetch(arrival, self.clock):
                 blocked = True
                 continue  # its stop policy waits on its read: skipped this pass
+            cache.match_waiting(arrival)  # matched whether or not it is admitted
             if self._retries and cache.requery_after_match_loss(arrival, self.pass_no, self.clock):
                 requeried += 1
                 continue
@@ -121,17 +128,22 @@ class Scheduler:
             if pol.input_budget_refuses(extend, cfg.page_size, rem_input, len(admitted)):
                 break  # this pass's prefill tokens are spent
             if not cache.can_admit(arrival, remaining):
-                break  # SGLang stops adding to the batch when the device has no room
+                # SGLang stops adding to the batch when the device has no room (NO_TOKEN) and
+                # keeps later passes from admitting while something is admitted or running.
+                self.batch_full = bool(self.running)  # this pass's admissions run too
+                break
             if rem_input is not None:
                 rem_input -= pol.paged_tokens(extend, cfg.page_size)
             remaining -= cache.pass_charge_tokens(arrival)
             arrival.retry_armed, arrival.retry_due = False, None  # admitted: its pending re-query is dropped
-            cache.admit(arrival)
+            cache.admit_match(arrival)
             admitted.append(arrival)
             self.running.append((self.pass_no + arrival.decode_passes, arrival))
             if remaining <= 0 or (rem_input is not None and rem_input <= 0):
                 break  # the verdict after an admission: nothing left (before the next prefetch check)
         if admitted:
+            for arrival in admitted:  # the pass's batch runs its prefills (each matched above)
+                cache.prefill_admitted(arrival)
             self.waiting = [a for a in self.waiting if a not in admitted]
         elif self.waiting and not self.running and not requeried:
             nxt = cache.next_prefetch_event(self.waiting, self.clock) if blocked else None
