@@ -22,10 +22,9 @@ SGLang 0.5.14's side is the same pass in its child process (tests/sglang_0_5_14.
 `ScheduleBatch` and `PrefillAdder`, every pass of the module in one child; the engine runs with
 `sglang_version="0.5.14"`.
 
-A pass whose waiting requests share pages the tree does not hold meets the known divergence
-(SGLang matches every request of a pass before any prefill, the engine prefills each before
-matching the next: test_same_pass_requests_do_not_share_a_prefix): there SGLang's admissions are
-checked to be a prefix of the engine's; elsewhere the lists are equal.
+Waiting requests of one pass may share pages the tree does not hold: SGLang matches each request
+its loop reaches before any of the pass's prefills run, and so does the engine
+(test_same_pass_requests_do_not_share_a_prefix_0_5_14 pins such a pass); the lists are equal.
 """
 
 from __future__ import annotations
@@ -196,9 +195,8 @@ def _common_pages(a: tuple[int, ...], b: tuple[int, ...], ps: int) -> int:
 
 def shares_inside_the_pass(p: Pass) -> bool:
     """Whether a waiting request shares whole pages with an earlier waiting request beyond what
-    the tree holds at the start of the pass: the engine's pass prefills the earlier one before it
-    matches the later one, SGLang matches both first (the known divergence,
-    test_same_pass_requests_do_not_share_a_prefix)."""
+    the tree holds at the start of the pass (neither SGLang nor the engine lets the later one find
+    them: both match before the pass's prefills run)."""
     ps = p.page_size
     held = list(p.cached) + [prompt for prompt, _ in p.running]  # their aligned pages are in the tree
     for j, (prompt, _) in enumerate(p.waiting):
@@ -211,14 +209,7 @@ def shares_inside_the_pass(p: Pass) -> bool:
 
 
 def assert_admits_alike(p: Pass, ours: list[int], theirs: list[int]) -> None:
-    """The engine admits what SGLang does; where requests of the pass share pages the tree does
-    not hold, SGLang's admissions are a prefix of the engine's (the engine's later request finds
-    the shared pages prefilled and locked: it asks for less). Once the engine matches a pass's
-    requests before prefilling them (the strict xfails then pass), compare these for equality too."""
-    if shares_inside_the_pass(p):
-        assert ours[: len(theirs)] == theirs, p
-    else:
-        assert ours == theirs, p
+    assert ours == theirs, p
 
 
 @settings(deadline=None)
@@ -453,11 +444,6 @@ def test_decode_clip_at_the_room_boundary_0_5_14(passes_0_5_14, ps):
     assert {(0, 1, 0), (0, 1, 1), (0, 2, 1), (0, 2, 2), (1, 1, 0), (1, 1, 1)} <= reached
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known divergence: a request matches what an earlier request of its pass prefilled",
-)
 def test_same_pass_requests_do_not_share_a_prefix_0_5_14(passes_0_5_14):
     [(p, theirs)] = passes_0_5_14["same_pass_share"]
     if theirs != [0]:

@@ -28,10 +28,10 @@ loop (decode pages taken at the finish). The stop policy is
 idle (every issued read and backup acknowledged): the outcome then does not depend on thread timing.
 
 Same-pass prefixes: SGLang matches every request of a pass before any prefill runs, so two
-requests admitted on one pass share nothing they computed (the engine's known divergence,
-`test_wave_oracle.py::test_same_pass_requests_do_not_share_a_prefix`). Generated waves give each
-request its own stem unless the shared part was written to L3 beforehand (then both requests read
-it from the tree's host pages, which both trees share the same way).
+requests admitted on one pass share nothing they computed; the engine's wave loop does the same
+(`test_wave_oracle.py::test_same_pass_requests_do_not_share_a_prefix`). Generated waves still give
+each request its own stem unless the shared part was written to L3 beforehand (then both requests
+read it from the tree's host pages, which both trees share the same way).
 """
 
 from __future__ import annotations
@@ -415,13 +415,13 @@ def test_generated_host_and_l3_state_is_sglangs():
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="known divergences: a refused request's match, a pass's duplicate pages (docs/oracle.md)",
+    reason="known divergence: a pass's duplicate pages are given back at once (docs/oracle.md)",
 )
 def test_generated_waves_with_l3_are_sglangs():
     """Every request's hits and the device pool's use after each wave are SGLang's. Fails today
-    (ci draw: 14 of 30 scenes; device_used in 13, hits in 5): the engine neither matches a request
-    its admission refuses (REFUSED_MATCH) nor holds a pass's duplicate pages until the pass's
-    allocation is done (SAME_PASS_DUPLICATE); not every scene has been traced to one of them."""
+    (ci draw: 14 of 30 scenes; device_used in 14, always more in the engine; hits in 1): the
+    engine does not hold a pass's duplicate pages until the pass's allocation is done
+    (SAME_PASS_DUPLICATE); not every differing scene has been traced to it."""
     for k, scene in enumerate(_scenes()):
         theirs, ours = _compared(k)
         assert ours == theirs, scene
@@ -449,9 +449,9 @@ PARTIAL_PAGE = Scene(
 # admission loop reaches, the one add_one_req then refuses too. C (21 tokens) is refused on pass 1
 # while B runs, but its match splits A's 4-page node after 3 pages and stamps the tail then;
 # B's finish on pass 2 stamps B later, so C's allocation on pass 2 evicts A's tail, then B.
-# The engine checks a request it refuses without matching it (no split, no stamp); it splits A
-# at C's admission, stamps the tail newer than B and evicts B alone: device 24 tokens used after
-# the wave, SGLang 20.
+# The engine once checked a request it refused without matching it (no split, no stamp), split A
+# at C's admission, stamped the tail newer than B and evicted B alone: device 24 tokens used
+# after the wave, SGLang 20. Its admission loop now matches every request it reaches.
 REFUSED_MATCH = Scene(
     28,
     [],
@@ -485,7 +485,6 @@ def test_partial_prompt_page_is_taken_at_prefill():
     assert engine_scene(PARTIAL_PAGE) == sglang_scene(PARTIAL_PAGE)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known divergence: a refused request is not matched")
 def test_refused_request_is_matched():
     assert engine_scene(REFUSED_MATCH) == sglang_scene(REFUSED_MATCH)
 
