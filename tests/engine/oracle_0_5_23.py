@@ -444,3 +444,37 @@ def replay(workloads: list[list[dict]], config: OracleConfig) -> list[list[dict]
                 else:
                     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = saved
     return results
+
+
+def alloc_pass_kv(cache, reqs, lengths, page_size):
+    """The pass's KV allocation, as `prepare_for_extend` makes it for the whole batch before any
+    request's insert: SGLang's `alloc_paged_token_slots_extend` (one eviction for the batch's
+    demand, then `alloc_extend`). Returns each request's slot row, its device prefix first, padded
+    to whole pages (the loop's rows cover whole pages; the last page's slots follow its first)."""
+    import torch
+    from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend
+
+    if not reqs:
+        return []
+    prefixes = [cache.path_device_indices(req.last_node)[: req.prefix_len].to(torch.int64) for req in reqs]
+    prefix_lens = torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
+    seq_lens = torch.tensor(lengths, dtype=torch.int64)
+    last_loc = torch.cat([p[-1:] if len(p) else torch.full((1,), -1, dtype=torch.int64) for p in prefixes])
+    extend = (seq_lens - prefix_lens).tolist()
+    out = alloc_paged_token_slots_extend(
+        tree_cache=cache,
+        prefix_lens=prefix_lens,
+        prefix_lens_cpu=prefix_lens,
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens,
+        last_loc=last_loc,
+        extend_num_tokens=sum(extend),
+    )
+    if out is None:
+        raise RuntimeError("SGLang's allocator cannot give the pass its KV after eviction")
+    rows = []
+    for prefix, slots in zip(prefixes, out.to(torch.int64).split(extend), strict=True):
+        row = torch.cat([prefix, slots])
+        pad = -len(row) % page_size
+        rows.append(torch.cat([row, row[-1] + 1 + torch.arange(pad, dtype=torch.int64)]) if pad else row)
+    return rows

@@ -19,7 +19,8 @@ the root; the threshold is the tree's), `_process_storage_prefetch_retries` at e
 in the admission loop. The loop around them is ours, in the order of 0.5.23's
 `Scheduler._get_new_batch_prefill_raw`: per waiting request `budget_state`,
 `check_prefetch_progress` (skip it while its read runs), `pop_prefetch_loaded_span`,
-`init_next_round_input`, the device-hit-loss re-query, `add_one_req`. The pass's KV is then
+`init_next_round_input`, the device-hit-loss re-query, `add_one_req` (a NO_TOKEN verdict sets
+the running batch full: no pass admits until a running request finishes). The pass's KV is then
 allocated for all its requests at once, by SGLang's `alloc_paged_token_slots_extend` (as
 `prepare_for_extend` does, before any insert), and after it the requests that decode insert their
 prompts (the checkpoint, `cache_unfinished_req`); finish and decode as in `test_wave_oracle.py`'s
@@ -161,6 +162,8 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
     from sglang.srt.sampling.sampling_params import SamplingParams
 
+    from engine import oracle_0_5_23 as o
+
     cache = run.cache
     steps = _SchedulerSteps(cache)
     hits_out, states = [], []
@@ -180,6 +183,7 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
         hits: dict[str, dict] = {}
         running: list[list] = []  # [end pass, req, prompt, output, row, protected, inserted, lock]
         pass_no = 0
+        batch_full = False  # the Scheduler's running_batch.batch_is_full
         while waiting or running:
             pass_no += 1
             if pass_no > 10_000:
@@ -190,6 +194,7 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
                 if end > pass_no:
                     still.append(entry)
                     continue
+                batch_full = False  # a request leaves the running batch
                 kept = prompt + output[:-1]
                 row = run.extend(row, len(kept))
                 row, protected, inserted, lock = run.insert(kept, len(prompt), row, protected, inserted, lock)
@@ -207,7 +212,8 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
                 PS, cache, run.allocator, ScheduleBatch(reqs=[e[1] for e in running]), 1.0, NO_CAP, None
             )
             device_hit = {}
-            for req, _, _ in waiting:
+            # get_new_batch_prefill returns before its loop while the batch is full
+            for req, _, _ in waiting if not batch_full else []:
                 if adder.budget_state() == AddReqResult.OTHER:
                     break
                 if not cache.check_prefetch_progress(req.cache_request_handle):
@@ -220,14 +226,17 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
                 if steps._prefetch_after_device_hit_loss(req):
                     continue
                 device_hit[req.rid] = req.prefix_len
-                if adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None) != AddReqResult.CONTINUE:
+                verdict = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+                if verdict != AddReqResult.CONTINUE:
+                    if verdict == AddReqResult.NO_TOKEN:
+                        batch_full = bool(adder.can_run_list or running)
                     break
             admitted = {req.rid for req in adder.can_run_list}
             if adder.can_run_list:
                 cache.ready_to_load_host_cache()
                 cache.check_hicache_events()
             batch = [w for w in waiting if w[0].rid in admitted]
-            rows = _alloc_extend(cache, [req for req, _, _ in batch], [len(prompt) for _, prompt, _ in batch])
+            rows = o.alloc_pass_kv(cache, [req for req, _, _ in batch], [len(prompt) for _, prompt, _ in batch], PS)
             for (req, prompt, output), row in zip(batch, rows, strict=True):
                 device, host, storage = split_cached_prefix_by_tier(
                     prefix_len=req.prefix_len,
@@ -251,40 +260,6 @@ def _serve_waves(run, scene: Scene) -> tuple[list[list[dict]], list[dict]]:
         hits_out.append([hits[rid] for rid in rids])
         states.append(run.state())
     return hits_out, states
-
-
-def _alloc_extend(cache, reqs, lengths):
-    """The pass's KV allocation, as `prepare_for_extend` makes it for the whole batch before any
-    request's insert: SGLang's `alloc_paged_token_slots_extend` (one eviction for the batch's
-    demand, then `alloc_extend`). Returns each request's slot row, its device prefix first, padded
-    to whole pages (the loop's rows cover whole pages; the last page's slots follow its first)."""
-    import torch
-    from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend
-
-    if not reqs:
-        return []
-    prefixes = [cache.path_device_indices(req.last_node)[: req.prefix_len].to(torch.int64) for req in reqs]
-    prefix_lens = torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
-    seq_lens = torch.tensor(lengths, dtype=torch.int64)
-    last_loc = torch.cat([p[-1:] if len(p) else torch.full((1,), -1, dtype=torch.int64) for p in prefixes])
-    extend = (seq_lens - prefix_lens).tolist()
-    out = alloc_paged_token_slots_extend(
-        tree_cache=cache,
-        prefix_lens=prefix_lens,
-        prefix_lens_cpu=prefix_lens,
-        seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens,
-        last_loc=last_loc,
-        extend_num_tokens=sum(extend),
-    )
-    if out is None:
-        raise RuntimeError("SGLang's allocator cannot give the pass its KV after eviction")
-    rows = []
-    for prefix, slots in zip(prefixes, out.to(torch.int64).split(extend), strict=True):
-        row = torch.cat([prefix, slots])
-        pad = -len(row) % PS
-        rows.append(torch.cat([row, row[-1] + 1 + torch.arange(pad, dtype=torch.int64)]) if pad else row)
-    return rows
 
 
 def engine_scene(scene: Scene) -> tuple[list[list[dict]], list[dict]]:
@@ -412,16 +387,10 @@ def test_generated_host_and_l3_state_is_sglangs():
             assert [s[metric] for s in ours] == [s[metric] for s in theirs], (metric, scene)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known divergence: a pass's duplicate pages are given back at once (docs/oracle.md)",
-)
 def test_generated_waves_with_l3_are_sglangs():
-    """Every request's hits and the device pool's use after each wave are SGLang's. Fails today
-    (ci draw: 14 of 30 scenes; device_used in 14, always more in the engine; hits in 1): the
-    engine does not hold a pass's duplicate pages until the pass's allocation is done
-    (SAME_PASS_DUPLICATE); not every differing scene has been traced to it."""
+    """Every request's hits and the device pool's use after each wave are SGLang's. Before the
+    engine allocated a pass's KV at once (SAME_PASS_DUPLICATE, one eviction for the pass's demand)
+    the ci draw left 17 of its 30 scenes differing."""
     for k, scene in enumerate(_scenes()):
         theirs, ours = _compared(k)
         assert ours == theirs, scene
@@ -466,7 +435,8 @@ REFUSED_MATCH = Scene(
 # frees the duplicate) is still held while the pass's other requests allocate. C = [3000..3003]
 # (its match cap leaves its one page unmatched; A holds the same page) and D (5 tokens) are
 # admitted on one pass with one free page short: SGLang evicts for both; the engine's admission
-# prefills C, returns its duplicate page at once and D takes it: device 16 tokens used, SGLang 8.
+# prefilled C, returned its duplicate page at once and D took it: device 16 tokens used, SGLang 8.
+# The engine now takes the pass's KV at once (`allocate_admitted`), evicting for SGLang's demand.
 SAME_PASS_DUPLICATE = Scene(
     20,
     [],
@@ -489,8 +459,5 @@ def test_refused_request_is_matched():
     assert engine_scene(REFUSED_MATCH) == sglang_scene(REFUSED_MATCH)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="known divergence: a pass's duplicate page is given back at once"
-)
 def test_same_pass_duplicate_page_is_held_through_the_pass():
     assert engine_scene(SAME_PASS_DUPLICATE) == sglang_scene(SAME_PASS_DUPLICATE)

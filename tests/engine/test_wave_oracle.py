@@ -8,7 +8,8 @@ order: each pass finishes the requests whose decode is over (finish insert of pr
 minus its last token, unlock, `check_hicache_events`), then runs `PrefillAdder.add_one_req` over
 the waiting queue in order (`init_next_round_input` matches each; a host hit is loaded back by
 the adder's own `init_load_back`) until a verdict other than CONTINUE; an admitted request's
-prompt is allocated (evicting when short) and, if it decodes, inserted and locked (checkpoint).
+pass's prompts are allocated together by SGLang's `alloc_paged_token_slots_extend` (one eviction
+for the batch), then each one that decodes is inserted and locked (checkpoint).
 A request runs one pass per output token. Running requests are charged their whole clipped
 decode (`output_ids` empty, `ignore_eos`), as the engine reserves it. No L3 here.
 """
@@ -56,7 +57,6 @@ def waves(draw):
 
 
 def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> list[list[tuple[int, int]]]:
-    import torch
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -121,11 +121,11 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
                 if adder.can_run_list:
                     cache.ready_to_load_host_cache()
                     cache.check_hicache_events()
-                for req, prompt, output in [w for w in waiting if w[0].rid in admitted]:
+                batch = [w for w in waiting if w[0].rid in admitted]
+                rows = o.alloc_pass_kv(cache, [req for req, _, _ in batch], [len(p) for _, p, _ in batch], PS)
+                for (req, prompt, output), row in zip(batch, rows, strict=True):
                     hits[req.rid] = (device_hit[req.rid], req.host_loaded_length)
                     lock = req.lock
-                    row = cache.path_device_indices(req.last_node)[: req.prefix_len].to(torch.int64)
-                    row = run.extend(row, len(prompt))
                     protected, inserted = req.prefix_len, 0
                     if len(output) > 1:
                         row, protected, inserted, lock = run.insert(prompt, len(prompt), row, protected, inserted, lock)

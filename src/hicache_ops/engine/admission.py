@@ -226,6 +226,51 @@ class Admission(CacheParts):
             arrival.held = arrival.matched.held
             self.reserved_tokens += self._reserved_tokens(arrival)
 
+    def allocate_admitted(self, arrivals: list[Arrival]) -> None:
+        """The KV of a pass's admitted requests, taken before any of their prefills inserts, as
+        SGLang's `alloc_paged_token_slots_extend` takes it for the batch: one eviction for the
+        batch's demand (docs/controller.md#pass-allocation), then each request's pages in
+        admission order. A page a later insert finds already in the tree stays taken until then,
+        so the pass evicts as much as SGLang's does. The eviction is counted on the first request."""
+        if not arrivals:
+            return
+        ps = self.config.page_size
+        with self.lock:
+            needs, extend = [], 0
+            for arrival in arrivals:
+                matched = arrival.matched
+                if matched is None:
+                    raise ValueError("allocate_admitted needs requests admit_match matched")
+                pos, _ = self._compute_start(matched)
+                trailing = matched.result.trailing_tokens
+                needs.append(matched.n_pages - pos + (1 if trailing else 0))
+                extend += (matched.n_pages - pos) * ps + trailing
+            self._request_device_evicted = self._request_host_evicted = 0
+            self._last_backup_bytes = self._last_l3_bytes = 0
+            evict = pol.pass_allocation_eviction_pages(
+                self.config.sglang_version, extend, len(arrivals), self.device.free, ps
+            )
+            taken: list[list[int]] = []
+            try:
+                if evict:
+                    self._evict_device(evict)
+                for n in needs:
+                    taken.append(self._alloc_device(n) if n else [])
+            except BaseException:
+                for pages in taken:
+                    self.device.give_many(pages)
+                raise
+            finally:
+                first = arrivals[0].matched
+                assert first is not None
+                first.device_evicted += self._request_device_evicted
+                first.host_evicted += self._request_host_evicted
+                first.backup_bytes += self._last_backup_bytes
+                first.l3_bytes += self._last_l3_bytes
+            for arrival, pages in zip(arrivals, taken, strict=True):
+                assert arrival.matched is not None
+                arrival.matched.allocated = pages
+
     def prefill_admitted(self, arrival: Arrival) -> None:
         """The prefill of a request `admit_match` matched: compute past the match it recorded and insert
         (pages another request of its pass inserted meanwhile are duplicates, freed)."""

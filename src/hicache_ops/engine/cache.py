@@ -365,6 +365,20 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             self._last_l3_bytes,
         )
 
+    def _compute_start(self, matched: MatchedPrefill) -> tuple[int, list[Node]]:
+        """The page the compute starts at and the device prefix above it, as the tree stands now."""
+        on_device = matched.on_device
+        pos = _pages(on_device)
+        if on_device and pos != on_device[-1].depth + len(on_device[-1].keys):
+            # A request matched since split a node of the prefix (the list holds its lower half):
+            # the prefix is the path down to its last node as it stands now.
+            pos, node, on_device = on_device[-1].depth + len(on_device[-1].keys), on_device[-1], []
+            while node is not self.tree.root:
+                on_device.append(node)
+                node = node.parent
+            on_device.reverse()
+        return pos, on_device
+
     def _prefill_compute(
         self, matched: MatchedPrefill, force_backup: bool, *, count_hits: bool = True, hold_tail: bool = False
     ) -> tuple[PrefillResult, list[Node], TokenKeys, list[int]]:
@@ -377,15 +391,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         n_pages, result, held = matched.n_pages, matched.result, matched.held
         on_device, (tree_keys, storage_keys) = matched.on_device, matched.keys
         timings = result.timings_ms
-        pos = _pages(on_device)
-        if on_device and pos != on_device[-1].depth + len(on_device[-1].keys):
-            # A request matched since split a node of the prefix (the list holds its lower half):
-            # the prefix is the path down to its last node as it stands now.
-            pos, node, on_device = on_device[-1].depth + len(on_device[-1].keys), on_device[-1], []
-            while node is not tree.root:
-                on_device.append(node)
-                node = node.parent
-            on_device.reverse()
+        pos, on_device = self._compute_start(matched)
         tail: list[int] = []  # the partial last page's device page, with hold_tail
         try:
             # Compute the rest (host pages not loaded back included): every whole page of the
@@ -393,7 +399,11 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             t = time.perf_counter()
             counted = list(on_device)
             walked: list[Node] = []
-            if hold_tail and result.trailing_tokens:
+            if matched.allocated is not None:
+                pages, matched.allocated = matched.allocated, None
+                if hold_tail and result.trailing_tokens:
+                    pages, tail = pages[:-1], pages[-1:]
+            elif hold_tail and result.trailing_tokens:
                 # One allocation for the whole prompt, as SGLang's extend takes it.
                 pages = self._alloc_device(n_pages + 1 - pos)
                 pages, tail = pages[:-1], pages[-1:]

@@ -54,6 +54,9 @@ class MatchedPrefill:
     host_evicted: int
     backup_bytes: int
     l3_bytes: int
+    # The device pages past the prefix (the partial last page's last), when the scheduler's pass
+    # allocated them before any of its prefills ran (`allocate_admitted`); None: the compute takes them.
+    allocated: list[int] | None = None
 
 
 @dataclass(eq=False)
@@ -109,6 +112,12 @@ class CacheParts:
         def _emit(self, event: str, **data: Any) -> None: ...
 
         def _alloc_host(self, n: int, at_least: int | None = None, prefetch: bool = False) -> list[int] | None: ...
+
+        def _alloc_device(self, n: int) -> list[int]: ...
+
+        def _evict_device(self, n: int) -> None: ...
+
+        def _compute_start(self, matched: MatchedPrefill) -> tuple[int, list[Node]]: ...
 
         def keys_for(
             self,

@@ -142,6 +142,7 @@ class Scheduler:
             if remaining <= 0 or (rem_input is not None and rem_input <= 0):
                 break  # the verdict after an admission: nothing left (before the next prefetch check)
         if admitted:
+            cache.allocate_admitted(admitted)  # the batch's KV, before any of its inserts
             for arrival in admitted:  # the pass's batch runs its prefills (each matched above)
                 cache.prefill_admitted(arrival)
             self.waiting = [a for a in self.waiting if a not in admitted]

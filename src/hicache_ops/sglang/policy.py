@@ -39,6 +39,8 @@ TLRU_SINCE = "0.5.21"
 HOST_AT_HIT_SINCE = "0.5.16"
 # shortfall-sized eviction, unbacked ancestors backed up: mem_cache/unified_radix_cache.py
 SHORTFALL_EVICTION_SINCE = "0.5.19"
+# a pass's KV allocation evicts the shortfall, not its whole demand: mem_cache/common.py (evict_from_tree_cache)
+SHORTFALL_EXTEND_EVICTION_SINCE = "0.5.17"
 # write_back drops a device leaf whose backup gets no host page, with its host-only subtree:
 # mem_cache/hiradix_cache.py (_drop_subtree_no_host), then unified_radix_cache.py
 WRITE_BACK_DROP_SINCE = "0.5.15"
@@ -166,6 +168,20 @@ def load_back_eviction_pages(version: str, needed: int, free: int) -> int:
     if not since(validate_version(version), SHORTFALL_EVICTION_SINCE):
         return needed
     return needed - free
+
+
+def pass_allocation_eviction_pages(
+    version: str, extend_tokens: int, requests: int, free_pages: int, page_size: int
+) -> int:
+    """Device pages a pass's KV allocation asks eviction for (docs/controller.md#pass-allocation):
+    the demand is the batch's extend tokens plus a page per request (SGLang's over-estimate);
+    when fewer tokens are free, through 0.5.16 the whole demand is evicted, from 0.5.17 the shortfall."""
+    demand = extend_tokens + requests * page_size
+    free = free_pages * page_size
+    if free >= demand:
+        return 0
+    tokens = demand - free if since(validate_version(version), SHORTFALL_EXTEND_EVICTION_SINCE) else demand
+    return -(-tokens // page_size)
 
 
 # -- the match: docs/controller.md#match-cap --------------------------------------------------------
