@@ -208,14 +208,10 @@ def shares_inside_the_pass(p: Pass) -> bool:
     return False
 
 
-def assert_admits_alike(p: Pass, ours: list[int], theirs: list[int]) -> None:
-    assert ours == theirs, p
-
-
 @settings(deadline=None)
 @given(passes())
 def test_a_pass_admits_what_sglangs_prefill_adder_admits(p):
-    assert_admits_alike(p, engine_admits(p), sglang_admits(p))
+    assert engine_admits(p) == sglang_admits(p), p
 
 
 # A smoke case that the harness reaches the batch-size break.
@@ -414,7 +410,7 @@ def test_a_pass_admits_what_sglangs_0_5_14_prefill_adder_admits(passes_0_5_14):
     generated = passes_0_5_14["generated"]
     assert generated
     for p, theirs in generated:
-        assert_admits_alike(p, engine_admits(p, "0.5.14"), theirs)
+        assert engine_admits(p, "0.5.14") == theirs, p
 
 
 def test_batch_size_cap_is_sglangs_0_5_14(passes_0_5_14):
