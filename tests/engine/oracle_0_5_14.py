@@ -11,13 +11,16 @@ do (those two take a scheduler `Req`; the same tree calls are made here on the r
    device prefix;
 2. `init_load_back` for a host hit (0.5.14 loads it all or nothing, 10 tokens minimum), then
    `ready_to_load_host_cache` and `check_hicache_events`;
-3. device slots for the prompt (`evict` first when the allocator is short); a request with more
-   than one output token then makes the prefill insert (cache_unfinished_req: insert, free the
-   duplicates, re-match, move the lock); one whose single output token came from the prefill
-   finishes at once;
-4. slots for every output token but the last (whose KV is never written), then the finish
-   insert of prompt + output minus the last token (cache_finished_req: insert, free duplicates
-   and the unaligned tail, unlock); then `check_hicache_events` as the scheduler does every step.
+3. device slots for the prompt as `alloc_for_extend` takes them for a batch of one
+   (`alloc_token_slots` at page 1, else `alloc_paged_token_slots_extend`: SGLang's own eviction
+   for its demand, then `alloc_extend`); a request with more than one output token then makes the
+   prefill insert (cache_unfinished_req: insert, free the duplicates, re-match, move the lock);
+   one whose single output token came from the prefill finishes at once;
+4. a slot per decode step for every output token but the last (whose KV is never written), as
+   `alloc_for_decode` takes it (`alloc_paged_token_slots_decode`, `check_hicache_events` between
+   steps), then the finish insert of prompt + output minus the last token (cache_finished_req:
+   insert, free duplicates and the unaligned tail, unlock); then `check_hicache_events` as the
+   scheduler does every step.
 
 Per request: device and host hit tokens and the device tokens evicted while serving it, by the
 allocations and by `load_back` for the pages it loads (the cache instance's `evict` is wrapped
@@ -32,6 +35,12 @@ What is replaced to run on CPU (nothing else of SGLang is changed):
   `device_module = torch.get_device_module()`, which is `torch.cuda` in a CUDA build of torch even
   without a GPU; the oracle binds it to `torch.cpu` (its Stream/Event/stream() run the copies
   synchronously), as 0.5.23 does by itself on a CPU-only machine.
+- The paged allocator's Triton kernels (`alloc_extend_kernel`, `alloc_decode_kernel`, bound in
+  `allocator/paged.py`; Triton has no CPU driver): the extend's by SGLang's own torch version in
+  that module (`alloc_extend_naive`), the decode's (0.5.14 has no torch version) by a loop giving
+  the same slots: the one after the last, or the next free page's first for a token that opens a
+  page. Which slots are given does not change how much is evicted, which SGLang's
+  `alloc_paged_token_slots_extend` / `_decode` decide before calling the allocator.
 - A one-rank gloo process group over an in-memory store, and SGLang's own parallel groups on it
   (`init_distributed_environment`, `initialize_model_parallel`): `HiRadixCache.__init__` asks
   `torch.distributed` for the TP world size, its checks all-reduce (a no-op on one rank), and the
@@ -100,13 +109,54 @@ HostKVCache.__init__ = unpinned_init
 # real servers, not a HiCache rule; on a shared test machine it made every replay fail at random.
 pool_host_base.HICACHE_HOST_MEMORY_RESERVE_BYTES = 0
 
+from sglang.srt.mem_cache.allocator import paged
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+
+
+class CpuLaunch:
+    """A Triton kernel's `kernel[grid](...)` call made on the CPU by a torch function."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def __getitem__(self, grid):
+        return self.run
+
+
+def extend_slots(prefix_lens, seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
+    # SGLang's own torch version of the kernel, in the same module.
+    paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices, page_size, "cpu")
+
+
+def decode_slots(seq_lens, last_loc, free_pages, out_indices, bs_upper, page_size):
+    # The kernel's slots: the slot after last_loc, or the first slot of the next free page for a
+    # request whose new token opens a page (in batch order).
+    opened = 0
+    for i in range(len(seq_lens)):
+        if (int(seq_lens[i]) - 1) % page_size == 0:
+            out_indices[i] = free_pages[opened] * page_size
+            opened += 1
+        else:
+            out_indices[i] = last_loc[i] + 1
+
+
+paged.alloc_extend_kernel = CpuLaunch(extend_slots)
+paged.alloc_decode_kernel = CpuLaunch(decode_slots)
+from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+try:  # the allocation helpers moved to their own module in 0.5.16
+    from sglang.srt.mem_cache.allocation import (
+        alloc_paged_token_slots_decode, alloc_paged_token_slots_extend, alloc_token_slots,
+    )
+except ImportError:
+    from sglang.srt.mem_cache.common import (
+        alloc_paged_token_slots_decode, alloc_paged_token_slots_extend, alloc_token_slots,
+    )
 
 
 SETTLE_S = 10  # the longest wait for the controller's storage threads
@@ -223,17 +273,38 @@ class Replay:
 
         wait_until(settled, "the L3 backups")
 
-    def extend(self, row, tokens):
-        need = -(-tokens // self.ps) * self.ps - len(row)
-        if need <= 0:
-            return row
-        short = need - self.allocator.available_size()
-        if short > 0:
-            self.cache.evict(EvictParams(num_tokens=short))
-        slots = self.allocator.alloc(need)
-        if slots is None:
-            raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")
+    def prefill_kv(self, row, tokens):
+        """Slots for the prompt past `row` (its device prefix), as `alloc_for_extend` takes them for
+        a batch of one: `alloc_token_slots` at page 1, else `alloc_paged_token_slots_extend` (its
+        eviction for the extend + a page, then `alloc_extend`). The row holds one slot per token."""
+        extend = tokens - len(row)
+        if self.ps == 1:
+            slots = alloc_token_slots(self.cache, extend)
+        else:
+            last_loc = row[-1:] if len(row) else torch.full((1,), -1, dtype=torch.int64)
+            prefix_lens = torch.tensor([len(row)], dtype=torch.int64)
+            seq_lens = torch.tensor([tokens], dtype=torch.int64)
+            slots = alloc_paged_token_slots_extend(
+                tree_cache=self.cache, prefix_lens=prefix_lens, prefix_lens_cpu=prefix_lens, seq_lens=seq_lens,
+                seq_lens_cpu=seq_lens, last_loc=last_loc, extend_num_tokens=extend,
+            )
         return torch.cat([row, slots.to(torch.int64)])
+
+    def decode_kv(self, row, tokens):
+        """One slot per decode step until the row covers `tokens`, as `alloc_for_decode` takes it
+        for a batch of one (each step's eviction asks for a page whether or not the token opens
+        one); the scheduler's `check_hicache_events` runs between steps."""
+        while len(row) < tokens:
+            if self.ps == 1:
+                slot = alloc_token_slots(self.cache, 1)
+            else:
+                seq_lens = torch.tensor([len(row) + 1], dtype=torch.int64)
+                slot = alloc_paged_token_slots_decode(
+                    tree_cache=self.cache, seq_lens=seq_lens, seq_lens_cpu=seq_lens, last_loc=row[-1:],
+                )
+            row = torch.cat([row, slot.to(torch.int64)])
+            self.cache.check_hicache_events()
+        return row
 
     def publish(self, tokens, row, protected, last_node, finished):
         cache = self.cache
@@ -295,12 +366,12 @@ class Replay:
                 cache.inc_lock_ref(node)
                 last_node = node
         protected = len(row)
-        row = self.extend(row, len(prompt))
+        row = self.prefill_kv(row, len(prompt))
         if len(output) > 1:  # a request whose one output token came from the prefill finishes at once
             row, protected, last_node = self.publish(prompt, row, protected, last_node, finished=False)
             cache.check_hicache_events()
         kept = list(prompt) + list(output[:-1])
-        row = self.extend(row, len(kept))
+        row = self.decode_kv(row, len(kept))
         self.publish(kept, row, protected, last_node, finished=True)
         cache.check_hicache_events()
         if self.storage:

@@ -9,13 +9,16 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
    device prefix;
 2. a host hit is loaded back through `init_load_back` (its own threshold of 10 tokens applies)
    and completed by `check_hicache_events`;
-3. device room for the unmatched prompt is made by `evict` when the allocator is short; a
-   request with more than one output token then inserts the prompt's page-aligned part
+3. device slots for the unmatched prompt come from SGLang's own allocation for a batch of one
+   (`alloc_token_slots` at page 1, else `alloc_paged_token_slots_extend`, whose eviction asks
+   for the extend tokens and a page more); a request with more than one output token then
+   inserts the prompt's page-aligned part
    (`checkpoint_kv_cache` after prefill: the write policy backs nodes up from here) and moves its
    lock to the inserted node (a request whose one output token came from the prefill finishes
    at once and skips this);
-4. decode gets device room for every output token but the last (whose KV is never written) the
-   same way; at finish prompt + output minus the last token is inserted (then the prompt's
+4. decode takes a slot per step for every output token but the last (whose KV is never
+   written), through `alloc_paged_token_slots_decode` (a page's eviction asked for each step,
+   `check_hicache_events` between steps); at finish prompt + output minus the last token is inserted (then the prompt's
    aligned part again, which splits the leaf at the prompt boundary), unpublished slots are
    freed and the lock released; then the scheduler's per-step `check_hicache_events`.
 
@@ -288,8 +291,9 @@ class _Replay:
         return state
 
     def extend(self, row, tokens: int):
-        """Grow a request's slot row to whole pages covering `tokens`, evicting from the tree when
-        the allocator is short (a partly used last page takes the next tokens, as alloc_extend)."""
+        """The wave loops' decode, its pages taken at the finish: grow a slot row to whole pages
+        covering `tokens`, evicting the shortfall first (a partly used last page takes the next
+        tokens, as alloc_extend)."""
         import torch
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
@@ -304,6 +308,33 @@ class _Replay:
         if slots is None:
             raise RuntimeError(f"SGLang's allocator cannot give {need} tokens after eviction")
         return torch.cat([row, slots.to(torch.int64)])
+
+    def prefill_kv(self, row, tokens: int):
+        """Slots for the prompt past `row` (its device prefix), as `alloc_for_extend` takes them for
+        a batch of one (`alloc_kv`). The row holds one slot per token."""
+        import torch
+
+        return torch.cat([row, alloc_kv(self.cache, [row], [tokens], self.config.page_size)[0]])
+
+    def decode_kv(self, row, tokens: int):
+        """One slot per decode step until the row covers `tokens`, as `alloc_for_decode` takes it
+        for a batch of one: `alloc_token_slots` at page 1, else `alloc_paged_token_slots_decode`
+        (each step's eviction asks for a page whether or not the token opens one); the scheduler's
+        `check_hicache_events` runs between steps."""
+        import torch
+        from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_decode, alloc_token_slots
+
+        while len(row) < tokens:
+            if self.config.page_size == 1:
+                slot = alloc_token_slots(self.cache, 1)
+            else:
+                seq_lens = torch.tensor([len(row) + 1], dtype=torch.int64)
+                slot = alloc_paged_token_slots_decode(
+                    tree_cache=self.cache, seq_lens=seq_lens, seq_lens_cpu=seq_lens, last_loc=row[-1:]
+                )
+            row = torch.cat([row, slot.to(torch.int64)])
+            self.cache.check_hicache_events()
+        return row
 
     def insert(self, tokens, prompt_len: int, row, protected: int, inserted: int, lock):
         """Publish the page-aligned part of `tokens` as checkpoint_into_tree does; returns
@@ -385,13 +416,13 @@ class _Replay:
         # Prefill: the rest of the prompt is computed. A request that goes on decoding publishes
         # it now (checkpoint_kv_cache; the write policy acts here); one whose single output token
         # came from the prefill finishes at once.
-        row = self.extend(row, len(prompt))
+        row = self.prefill_kv(row, len(prompt))
         if len(output) > 1:
             row, protected, inserted, lock = self.insert(prompt, len(prompt), row, protected, inserted, lock)
             cache.check_hicache_events()
         # Decode writes the KV of every output token but the last, then finish publishes it.
         kept = prompt + output[:-1]
-        row = self.extend(row, len(kept))
+        row = self.decode_kv(row, len(kept))
         row, protected, inserted, lock = self.insert(kept, len(prompt), row, protected, inserted, lock)
         unpublished = row[protected:]
         if unpublished.numel():
@@ -446,34 +477,44 @@ def replay(workloads: list[list[dict]], config: OracleConfig) -> list[list[dict]
     return results
 
 
+def alloc_kv(cache, prefixes, lengths, page_size):
+    """A batch's extend slots, as `alloc_for_extend` takes them: `alloc_token_slots` for the
+    extend tokens at page 1, else `alloc_paged_token_slots_extend` (one eviction for the batch's
+    demand, then `alloc_extend`). `prefixes`: each request's device prefix slots; returns each
+    request's new slots (its prompt past the prefix)."""
+    import torch
+    from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend, alloc_token_slots
+
+    prefix_lens = torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
+    seq_lens = torch.tensor(lengths, dtype=torch.int64)
+    extend = (seq_lens - prefix_lens).tolist()
+    if page_size == 1:
+        out = alloc_token_slots(cache, sum(extend))
+    else:
+        last_loc = torch.cat([p[-1:] if len(p) else torch.full((1,), -1, dtype=torch.int64) for p in prefixes])
+        out = alloc_paged_token_slots_extend(
+            tree_cache=cache,
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=prefix_lens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens,
+            last_loc=last_loc,
+            extend_num_tokens=sum(extend),
+        )
+    return list(out.to(torch.int64).split(extend))
+
+
 def alloc_pass_kv(cache, reqs, lengths, page_size):
     """The pass's KV allocation, as `prepare_for_extend` makes it for the whole batch before any
-    request's insert: SGLang's `alloc_paged_token_slots_extend` (one eviction for the batch's
-    demand, then `alloc_extend`). Returns each request's slot row, its device prefix first, padded
-    to whole pages (the loop's rows cover whole pages; the last page's slots follow its first)."""
+    request's insert (`alloc_kv`). Returns each request's slot row, its device prefix first, padded
+    to whole pages (the wave loops' rows cover whole pages; the last page's slots follow its first)."""
     import torch
-    from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend
 
     if not reqs:
         return []
     prefixes = [cache.path_device_indices(req.last_node)[: req.prefix_len].to(torch.int64) for req in reqs]
-    prefix_lens = torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
-    seq_lens = torch.tensor(lengths, dtype=torch.int64)
-    last_loc = torch.cat([p[-1:] if len(p) else torch.full((1,), -1, dtype=torch.int64) for p in prefixes])
-    extend = (seq_lens - prefix_lens).tolist()
-    out = alloc_paged_token_slots_extend(
-        tree_cache=cache,
-        prefix_lens=prefix_lens,
-        prefix_lens_cpu=prefix_lens,
-        seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens,
-        last_loc=last_loc,
-        extend_num_tokens=sum(extend),
-    )
-    if out is None:
-        raise RuntimeError("SGLang's allocator cannot give the pass its KV after eviction")
     rows = []
-    for prefix, slots in zip(prefixes, out.to(torch.int64).split(extend), strict=True):
+    for prefix, slots in zip(prefixes, alloc_kv(cache, prefixes, lengths, page_size), strict=True):
         row = torch.cat([prefix, slots])
         pad = -len(row) % page_size
         rows.append(torch.cat([row, row[-1] + 1 + torch.arange(pad, dtype=torch.int64)]) if pad else row)

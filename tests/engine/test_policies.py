@@ -201,7 +201,8 @@ def test_write_through_selective_counts_per_insert_in_0_5_14(version, backed_up)
 
 
 def test_host_eviction_takes_only_nodes_off_the_device():
-    cache = make(write_policy="write_through", l3=False, device_pages=8, host_pages=9)
+    # 9 device pages: a prompt's allocation asks for a page more than its 4 (SGLang's demand).
+    cache = make(write_policy="write_through", l3=False, device_pages=9, host_pages=9)
     cache.prefill(prompt(1, 16))
     cache.prefill(prompt(2, 16))  # both on device and host: 8 of 9 host pages
     cache.prefill(prompt(3, 16))  # prompt 1 leaves the device; its host copy is the one evicted

@@ -117,7 +117,7 @@ def sglang_admits(p: Pass) -> list[int]:
             assert match.host_hit_length == 0
             lock = cache.lock(match.last_device_node)
             row = cache.path_device_indices(match.last_device_node)[: match.device_prefix_len].to(torch.int64)
-            row = run.extend(row, len(prompt))
+            row = run.prefill_kv(row, len(prompt))
             run.insert(list(prompt), len(prompt), row, len(row), 0, lock)
             assert run.evicted == 0
             running.append(
@@ -321,7 +321,7 @@ def admits(p, tracked):
             assert match.host_hit_length == 0
             node = match.last_device_node
             cache.inc_lock_ref(node)
-            row = run.extend(match.device_indices.to(torch.int64), len(prompt))
+            row = run.prefill_kv(match.device_indices.to(torch.int64), len(prompt))
             run.publish(prompt, row, len(match.device_indices), node, finished=False)
             cache.check_hicache_events()
             assert run.evicted == 0

@@ -56,14 +56,16 @@ def waves(draw):
     return device_tokens, wave_list
 
 
-def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> list[list[tuple[int, int]]]:
+def sglang_wave(
+    device_tokens: int, wave_list, reach: Counter | None = None, ps: int = PS
+) -> list[list[tuple[int, int]]]:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     from engine import oracle_0_5_23 as o
 
-    run = o._Replay(o.OracleConfig(page_size=PS, device_tokens=device_tokens))
+    run = o._Replay(o.OracleConfig(page_size=ps, device_tokens=device_tokens))
     cache = run.cache
     out = []
     try:
@@ -96,7 +98,7 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
                     cache.check_hicache_events()
                 running = still
                 adder = PrefillAdder(
-                    PS, cache, run.allocator, ScheduleBatch(reqs=[e[1] for e in running]), 1.0, NO_CAP, None
+                    ps, cache, run.allocator, ScheduleBatch(reqs=[e[1] for e in running]), 1.0, NO_CAP, None
                 )
                 device_hit = {}
                 if reach is not None:
@@ -122,7 +124,7 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
                     cache.ready_to_load_host_cache()
                     cache.check_hicache_events()
                 batch = [w for w in waiting if w[0].rid in admitted]
-                rows = o.alloc_pass_kv(cache, [req for req, _, _ in batch], [len(p) for _, p, _ in batch], PS)
+                rows = o.alloc_pass_kv(cache, [req for req, _, _ in batch], [len(p) for _, p, _ in batch], ps)
                 for (req, prompt, output), row in zip(batch, rows, strict=True):
                     hits[req.rid] = (device_hit[req.rid], req.host_loaded_length)
                     lock = req.lock
@@ -138,11 +140,11 @@ def sglang_wave(device_tokens: int, wave_list, reach: Counter | None = None) -> 
     return out
 
 
-def engine_wave(device_tokens: int, wave_list) -> list[list[tuple[int, int]]]:
+def engine_wave(device_tokens: int, wave_list, ps: int = PS) -> list[list[tuple[int, int]]]:
     cfg = CacheConfig(
-        page_size=PS,
-        device_pages=device_tokens // PS,
-        host_pages=int(device_tokens * 2.0) // PS + 1,
+        page_size=ps,
+        device_pages=device_tokens // ps,
+        host_pages=int(device_tokens * 2.0) // ps + 1,
         sglang_version="0.5.23",
     )
     cache = TieredCache(cfg, AccountingPlane(1), None)
@@ -187,6 +189,18 @@ def test_same_pass_requests_do_not_share_a_prefix():
     wave_list = [[([1000, 1001, 1002, 1003], [100000]), ([1000, 1001, 1002, 1003, 100001], [100002])]]
     assert sglang_wave(20, wave_list) == [[(0, 0), (0, 0)]]
     assert engine_wave(20, wave_list) == [[(0, 0), (0, 0)]]
+
+
+def test_a_page_1_pass_asks_only_for_its_extend_tokens():
+    """At page 1 a pass's allocation asks eviction for its extend tokens alone (`alloc_for_extend`
+    takes `alloc_token_slots` there; the page per request is the paged allocator's over-estimate).
+    Device 20 tokens: A (10) is cached; B and C (5 each) are admitted on one pass and fit the 10
+    free tokens, so A stays on the device for its next request. Asking a token more per request
+    evicted A (the engine before: (0, 0), A computed again)."""
+    a = (list(range(3000, 3010)), [100000])
+    wave_list = [[a], [(list(range(4000, 4005)), [100001]), (list(range(5000, 5005)), [100002])], [a]]
+    assert sglang_wave(20, wave_list, ps=1)[2] == [(9, 0)]
+    assert engine_wave(20, wave_list, ps=1)[2] == [(9, 0)]
 
 
 def test_a_running_request_holds_its_partial_last_page():

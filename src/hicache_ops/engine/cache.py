@@ -227,6 +227,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                     result,
                     held_pages=tail,
                     inserted_pages=n_pages if decodes else 0,
+                    stepwise_decode=True,
                 )
             finally:
                 self.tree.unlock(held)
@@ -403,14 +404,17 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
                 pages, matched.allocated = matched.allocated, None
                 if hold_tail and result.trailing_tokens:
                     pages, tail = pages[:-1], pages[-1:]
-            elif hold_tail and result.trailing_tokens:
-                # One allocation for the whole prompt, as SGLang's extend takes it.
-                pages = self._alloc_device(n_pages + 1 - pos)
-                pages, tail = pages[:-1], pages[-1:]
-            elif pos < n_pages:
-                pages = self._alloc_device(n_pages - pos)
             else:
-                pages = []
+                # A batch of one: the eviction for SGLang's extend demand, then one allocation for
+                # the whole prompt.
+                self._evict_for_prefill((n_pages - pos) * ps + result.trailing_tokens)
+                if hold_tail and result.trailing_tokens:
+                    pages = self._alloc_device(n_pages + 1 - pos)
+                    pages, tail = pages[:-1], pages[-1:]
+                elif pos < n_pages:
+                    pages = self._alloc_device(n_pages - pos)
+                else:
+                    pages = []
             if pages:
                 computed_keys = storage_keys[pos:n_pages]
                 self.plane.compute(pages, computed_keys)
@@ -474,6 +478,7 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         *,
         held_pages: list[int] | None = None,
         inserted_pages: int | None = None,
+        stepwise_decode: bool = False,
     ) -> None:
         """The finish insert: prompt + output but the last token, whole pages.
 
@@ -481,7 +486,9 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         partial last prompt page); the decode's are taken here, before the insert, and those past
         the last whole page are freed after it. None: the pages the tree lacks are taken at once
         (the concurrency model reserved them at admission). `inserted_pages`: what the request's
-        prefill insert covered (0.5.23 counts hits past it only); default the prompt's pages."""
+        prefill insert covered (0.5.23 counts hits past it only); default the prompt's pages.
+        `stepwise_decode`: a lone request's decode pages are taken a step at a time as SGLang's
+        decode takes them (`_alloc_decode`); else at once (the concurrency model's finish)."""
         ps, tree = self.config.page_size, self.tree
         n_pages = tokens.size // ps
         prompt_pages = len(prompt_keys[0])
@@ -512,8 +519,11 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
             # The prompt's nodes are locked and end at its last whole page (its match and insert
             # split there); the insert walks on from that boundary.
             path, start = tree.full_nodes(tree_keys[:prompt_pages])
-            decode = -(-tokens.size // ps) - prompt_pages - len(held_pages)
-            row = held_pages + (self._alloc_device(decode) if decode > 0 else [])
+            if stepwise_decode:
+                row = held_pages + self._alloc_decode(result.prompt_tokens, tokens.size)
+            else:
+                decode = -(-tokens.size // ps) - prompt_pages - len(held_pages)
+                row = held_pages + (self._alloc_device(decode) if decode > 0 else [])
             pages, spare = row[: n_pages - start], row[n_pages - start :]
         if pages:
             self.plane.compute(pages, storage_keys[start:n_pages])
@@ -529,6 +539,35 @@ class TieredCache(PoolAllocation, Backups, L3Prefetch, Admission):
         result.backed_up_pages += self._count_hits_and_back_up(counted, path + walked, False)
         result.device_evicted_pages += self._request_device_evicted - evicted_before[0]
         result.host_evicted_pages += self._request_host_evicted - evicted_before[1]
+
+    def _evict_for_prefill(self, extend_tokens: int) -> None:
+        """A lone request's prefill eviction, before its pages are taken: SGLang's demand for a
+        batch of one, `extend_tokens` past the device prefix (docs/controller.md#pass-allocation)."""
+        ps = self.config.page_size
+        evict = pol.pass_allocation_eviction_pages(self.config.sglang_version, extend_tokens, 1, self.device.free, ps)
+        if evict:
+            self._evict_device(evict)
+
+    def _alloc_decode(self, written: int, total: int) -> list[int]:
+        """The pages a lone request's decode takes while its KV grows from `written` tokens to
+        `total`, one token a step as SGLang's decode allocates it: before each step the tree evicts
+        for a page whenever none is free, whether or not the step's token opens one
+        (docs/controller.md#pass-allocation)."""
+        ps, version = self.config.page_size, self.config.sglang_version
+        pages: list[int] = []
+        step = written  # the token the next decode step writes
+        while step < total:
+            evict = pol.decode_eviction_pages(version, 1, self.device.free, ps)
+            if evict:
+                self._evict_device(evict)
+            if step % ps == 0:
+                pages += self._alloc_device(1)
+                step += 1
+            else:
+                # Nothing changes the pool before the step that opens the next page: this step's
+                # eviction left a page free, or found nothing that a later step would find.
+                step = min(total, (step // ps + 1) * ps)
+        return pages
 
     def _load_back(self, nodes: list[Node], result: PrefillResult) -> bool:
         """Load host-resident nodes to the device at once (docs/controller.md#load-back); False when

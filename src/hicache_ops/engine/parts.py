@@ -119,6 +119,8 @@ class CacheParts:
 
         def _compute_start(self, matched: MatchedPrefill) -> tuple[int, list[Node]]: ...
 
+        def _evict_for_prefill(self, extend_tokens: int) -> None: ...
+
         def keys_for(
             self,
             tokens: np.ndarray,
@@ -170,6 +172,7 @@ class CacheParts:
             *,
             held_pages: list[int] | None = None,
             inserted_pages: int | None = None,
+            stepwise_decode: bool = False,
         ) -> None: ...
 
         def _issue_prefetch(

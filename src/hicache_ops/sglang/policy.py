@@ -174,9 +174,21 @@ def pass_allocation_eviction_pages(
     version: str, extend_tokens: int, requests: int, free_pages: int, page_size: int
 ) -> int:
     """Device pages a pass's KV allocation asks eviction for (docs/controller.md#pass-allocation):
-    the demand is the batch's extend tokens plus a page per request (SGLang's over-estimate);
-    when fewer tokens are free, through 0.5.16 the whole demand is evicted, from 0.5.17 the shortfall."""
-    demand = extend_tokens + requests * page_size
+    the demand is the batch's extend tokens, plus a page per request when pages hold several
+    tokens (SGLang's over-estimate of the pages the paged allocator may open)."""
+    demand = extend_tokens + (requests * page_size if page_size > 1 else 0)
+    return _allocation_eviction_pages(version, demand, free_pages, page_size)
+
+
+def decode_eviction_pages(version: str, requests: int, free_pages: int, page_size: int) -> int:
+    """Device pages a decode step's allocation asks eviction for (docs/controller.md#pass-allocation):
+    the demand is a page per decoding request, whether or not its token opens a page."""
+    return _allocation_eviction_pages(version, requests * page_size, free_pages, page_size)
+
+
+def _allocation_eviction_pages(version: str, demand: int, free_pages: int, page_size: int) -> int:
+    """When fewer tokens are free than the demand, through 0.5.16 the whole demand is evicted,
+    from 0.5.17 the shortfall."""
     free = free_pages * page_size
     if free >= demand:
         return 0

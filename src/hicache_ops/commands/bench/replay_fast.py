@@ -14,8 +14,8 @@ token short of the prompt, policy.match_cap_pages) and its last page, so the req
 
 Anything else (a node covering only part of the match, one on no tier, a last-page node longer
 than one page, a load-back refused) is handed back before anything changes, or to the engine's
-own steps (`RadixTree.split`, `insert_device`, `TieredCache._load_back`, `_alloc_device`,
-`_backup_due`), so the decisions, their order and every counter are the general path's: the
+own steps (`RadixTree.split`, `insert_device`, `TieredCache._load_back`, `_evict_for_prefill`,
+`_alloc_device`, `_backup_due`), so the decisions, their order and every counter are the general path's: the
 match stamps the node, the node is locked while pages are taken for the rest, the insert counts
 a hit on the nodes it passes on the device, and the write policy backs them up
 (docs/benchmarks.md#bench-replay-beside-sglangs-policy-simulator). The locks the general path also
@@ -102,6 +102,7 @@ class OneBlockPath:
                     cache.stats.mismatched_pages += scratch.mismatched_pages
                 else:
                     pos = 0
+            cache._evict_for_prefill((self.pages - pos) * ps)
             pages = cache._alloc_device(self.pages - pos)
             cache.plane.compute(pages, keys[pos:])
             if pos:
@@ -126,6 +127,7 @@ class OneBlockPath:
     def _miss(self, keys: list[str]) -> None:
         cache = self.cache
         tree = cache.tree
+        cache._evict_for_prefill(self.block_tokens)
         pages = cache._alloc_device(self.pages)
         cache.plane.compute(pages, keys)
         # The insert from the root: nothing starts with the first page (eviction only removes).
