@@ -48,7 +48,9 @@ def test_model_prefix_upgrade_is_cold_and_counts_old_objects(filled_master):
     assert "12 objects will never be read again" in data["verdict"]
     prefix = next(c for c in data["changes"] if c["rule"] == "object key prefix")
     assert prefix["since"] == ["0.5.17"] and prefix["sglang_file"].endswith("mooncake_store.py")
-    assert {c["rule"] for c in data["changes"]} == {"object key prefix"}
+    assert {c["rule"] for c in data["changes"]} == {"object key prefix", "device eviction for a KV allocation"}
+    evict = next(c for c in data["changes"] if c["rule"] == "device eviction for a KV allocation")
+    assert evict["since"] == ["0.5.17"] and "shortfall" in evict["to"], evict
 
 
 def test_same_keys_stay_warm_and_policy_changes_are_listed(filled_master):

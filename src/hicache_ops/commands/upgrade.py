@@ -186,6 +186,16 @@ RULES: tuple[Rule, ...] = (
         lambda v, d: "the shortfall" if policy.backs_up_unbacked_ancestors(v) else "the whole allocation",
     ),
     Rule(
+        "device eviction for a KV allocation",
+        (policy.SHORTFALL_EXTEND_EVICTION_SINCE,),
+        "srt/mem_cache/common.py (evict_from_tree_cache)",
+        lambda v, d: (
+            "the shortfall of the demand"
+            if since(v, policy.SHORTFALL_EXTEND_EVICTION_SINCE)
+            else "the whole demand once short"
+        ),
+    ),
+    Rule(
         "write_back drop of a leaf its backup cannot place",
         (policy.WRITE_BACK_DROP_SINCE,),
         "srt/mem_cache/hiradix_cache.py, srt/mem_cache/unified_radix_cache.py",
