@@ -461,3 +461,31 @@ def test_refused_request_is_matched():
 
 def test_same_pass_duplicate_page_is_held_through_the_pass():
     assert engine_scene(SAME_PASS_DUPLICATE) == sglang_scene(SAME_PASS_DUPLICATE)
+
+
+# Found by a deep draw (HYPOTHESIS_PROFILE=deep, 2026-12-03) and kept: on the second wave the
+# third request (its first page 1000..1003 shared with the first wave's prompts) has a 4-token
+# device hit in SGLang's loop and none on the engine; the same on the commit before the lone
+# request took SGLang's allocation, so not caused by it. Not investigated yet (issue 22).
+DEEP_DRAW_FIRST_PAGE = Scene(
+    56,
+    [[*range(1000, 1020), 1], [*range(2000, 2028), 1]],
+    [
+        [
+            ([*range(1000, 1018), *range(100000, 100006)], [100006]),
+            (list(range(100007, 100012)), [100012]),
+            ([*range(1000, 1019), *range(100013, 100021)], list(range(100021, 100025))),
+        ],
+        [
+            ([*range(3000, 3032), *range(100025, 100030)], list(range(100030, 100034))),
+            ([*range(2000, 2006), *range(100034, 100040)], list(range(100040, 100044))),
+            ([*range(1000, 1004), *range(100044, 100052)], list(range(100052, 100057))),
+            (list(range(100057, 100062)), list(range(100062, 100066))),
+        ],
+    ],
+)
+
+
+@pytest.mark.xfail(strict=True, reason="deep-draw divergence, not investigated (docs/oracle.md#known-divergences)")
+def test_deep_draw_first_page_hit():
+    assert engine_scene(DEEP_DRAW_FIRST_PAGE) == sglang_scene(DEEP_DRAW_FIRST_PAGE)
