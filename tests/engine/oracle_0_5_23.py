@@ -18,9 +18,10 @@ replays the workload's requests one at a time, the way the scheduler serves a lo
    at once and skips this);
 4. decode takes a slot per step for every output token but the last (whose KV is never
    written), through `alloc_paged_token_slots_decode` (a page's eviction asked for each step,
-   `check_hicache_events` between steps); at finish prompt + output minus the last token is inserted (then the prompt's
-   aligned part again, which splits the leaf at the prompt boundary), unpublished slots are
-   freed and the lock released; then the scheduler's per-step `check_hicache_events`.
+   `check_hicache_events` between steps); at finish prompt + output minus the last token is
+   inserted (then the prompt's aligned part again, which splits the leaf at the prompt
+   boundary), unpublished slots are freed and the lock released; then the scheduler's per-step
+   `check_hicache_events`.
 
 Per request it returns the device and host hit tokens the scheduler would count and the device
 tokens evicted while serving it: every eviction counts, the allocations' and the ones

@@ -188,7 +188,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "device eviction for a KV allocation",
         (policy.SHORTFALL_EXTEND_EVICTION_SINCE,),
-        "srt/mem_cache/common.py (evict_from_tree_cache)",
+        "srt/mem_cache/common.py",
         lambda v, d: (
             "the shortfall of the demand"
             if since(v, policy.SHORTFALL_EXTEND_EVICTION_SINCE)

@@ -15,8 +15,9 @@ token short of the prompt, policy.match_cap_pages) and its last page, so the req
 Anything else (a node covering only part of the match, one on no tier, a last-page node longer
 than one page, a load-back refused) is handed back before anything changes, or to the engine's
 own steps (`RadixTree.split`, `insert_device`, `TieredCache._load_back`, `_evict_for_prefill`,
-`_alloc_device`, `_backup_due`), so the decisions, their order and every counter are the general path's: the
-match stamps the node, the node is locked while pages are taken for the rest, the insert counts
+`_alloc_device`, `_backup_due`), so the decisions, their order and every counter are the general
+path's: the match stamps the node, the node is locked while pages are taken for the rest, the
+insert counts
 a hit on the nodes it passes on the device, and the write policy backs them up
 (docs/benchmarks.md#bench-replay-beside-sglangs-policy-simulator). The locks the general path also
 takes for the insert and the backup are left out: nothing they protect can be evicted then (host
