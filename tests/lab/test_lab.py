@@ -94,6 +94,19 @@ def _prefill(url: str, tokens: list[int], **extra) -> dict:
         return client._call("POST", "/v1/prefill", json={"input_ids": tokens, **extra})
 
 
+def _stored_everything(url: str, tokens: list[int], master_metrics: str, **extra) -> dict:
+    """Prefill with a backup and check every page reached L3; otherwise fail saying what the serve
+    and the master saw (a failed put lands on a segment the writer could not reach)."""
+    wrote = _prefill(url, tokens, backup=True, **extra)
+    if wrote["stored_pages"] != PAGES:
+        with ServeClient(url) as client:
+            l3 = client.stats().get("l3")
+        with AdminClient(master_metrics) as admin:
+            segments = admin.get_all_segments()
+        pytest.fail(f"{url} stored {wrote['stored_pages']} of {PAGES} pages; its L3: {l3}; the master lists {segments}")
+    return wrote
+
+
 def _segment(url: str) -> str:
     with ServeClient(url) as client:
         return client.stats()["config"]["segment"]
@@ -169,8 +182,8 @@ def test_up_runs_the_master_in_h0_and_a_serve_per_host(lab):
 def test_reader_host_gets_storage_hits_for_what_the_writer_host_wrote(lab):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
     tokens, _ = _prompt(lab, "shared", 10_000)
-    wrote = _prefill(h1, tokens, backup=True, return_keys=True)
-    assert wrote["stored_pages"] == PAGES and wrote["bytes_written_to_l3"] > 0
+    wrote = _stored_everything(h1, tokens, lab["master"]["metrics"], return_keys=True)
+    assert wrote["bytes_written_to_l3"] > 0
     read = _prefill(h2, tokens)
     assert read["storage_hit"] == READABLE and read["computed"] == PAGE_SIZE
     assert read["bytes_read_from_l3"] > 0
@@ -196,8 +209,7 @@ def test_loopback_hostname_is_reproduced_and_diagnosed(lab, monkeypatch):
     bad_segment = _segment(h1)
     assert bad_segment.startswith("127.0.0.1:")
     tokens, prompt = _prompt(lab, "loopback", 20_000)
-    wrote = _prefill(h1, tokens, backup=True, return_keys=True)
-    assert wrote["stored_pages"] == PAGES
+    wrote = _stored_everything(h1, tokens, lab["master"]["metrics"], return_keys=True)
     read = _prefill(h2, tokens)
 
     store = _json(hicache(["inspect", "store", "--master", lab["master"]["metrics"], "--json"]))
@@ -283,7 +295,7 @@ def test_partition_after_a_host_down_is_the_first_finding_from_either_side(lab):
     assert hicache(["lab", "fault", "heal", "--on", "h1", "--run-dir", lab["run_dir"]]).exit_code == 0
     assert dead_segment not in _store_snapshot(master)[1]
     tokens, prompt = _prompt(lab, "partition", 30_000)
-    assert _prefill(h1["url"], tokens, backup=True)["stored_pages"] == PAGES
+    _stored_everything(h1["url"], tokens, lab["master"]["metrics"])
 
     result = hicache(["lab", "fault", "partition", "--on", "h2", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
@@ -362,7 +374,7 @@ def test_two_labs_run_side_by_side_and_down_touches_only_its_own(lab, tmp_path):
         # each lab has its own master: what the other lab's serve stores lands there only
         tokens, _ = _prompt(lab, "other-lab", 45_000)
         before = _store_snapshot(mine["master"]["metrics"])
-        assert _prefill(other["hosts"][1]["url"], tokens, backup=True)["stored_pages"] == PAGES
+        _stored_everything(other["hosts"][1]["url"], tokens, other["master"]["metrics"])
         assert len(_store_snapshot(other["master"]["metrics"])[0]) >= PAGES
         assert _store_snapshot(mine["master"]["metrics"]) == before
 
@@ -383,7 +395,7 @@ def test_two_labs_run_side_by_side_and_down_touches_only_its_own(lab, tmp_path):
     status = _json(hicache(["lab", "status", "--run-dir", lab["run_dir"], "--json"]))
     assert all(r["alive"] and r["namespace_present"] for r in status["hosts"])
     tokens, _ = _prompt(lab, "after-other-down", 47_000)
-    assert _prefill(lab["hosts"][1]["url"], tokens, backup=True)["stored_pages"] == PAGES
+    _stored_everything(lab["hosts"][1]["url"], tokens, lab["master"]["metrics"])
     assert _prefill(lab["hosts"][2]["url"], tokens)["storage_hit"] == READABLE
 
 
@@ -395,7 +407,7 @@ def test_slow_link_is_cut_by_the_stop_policy(lab):
     assert result.exit_code == 0, result.stdout
     try:
         tokens, prompt = _prompt(lab, "slow", 35_000)
-        assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
+        _stored_everything(h1, tokens, lab["master"]["metrics"])
         run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
         data = _json(run)
         assert data["finding"]["check"] == "7. Slow reads cut by the stop policy", run.stdout
@@ -407,7 +419,7 @@ def test_slow_link_is_cut_by_the_stop_policy(lab):
 def test_master_restart_loses_every_object_and_clients_remount(lab):
     h1, h2 = lab["hosts"][1]["url"], lab["hosts"][2]["url"]
     tokens, prompt = _prompt(lab, "before-restart", 37_000)
-    assert _prefill(h1, tokens, backup=True)["stored_pages"] == PAGES
+    _stored_everything(h1, tokens, lab["master"]["metrics"])
     result = hicache(["lab", "fault", "master-restart", "--run-dir", lab["run_dir"], "--json"])
     assert result.exit_code == 0, result.stdout
     run = hicache(["playbook", "run", "cross-host-miss", "--serve", h2, "--prompt", prompt, "--json"])
@@ -418,7 +430,7 @@ def test_master_restart_loses_every_object_and_clients_remount(lab):
             assert time.monotonic() < deadline, "the serves did not re-mount their segments within 30 s"
             time.sleep(0.5)
     fresh, _ = _prompt(lab, "after-restart", 38_000)
-    assert _prefill(h1, fresh, backup=True)["stored_pages"] == PAGES
+    _stored_everything(h1, fresh, lab["master"]["metrics"])
     assert _prefill(h2, fresh)["storage_hit"] == READABLE
 
 
@@ -426,7 +438,7 @@ def test_host_down_takes_its_objects_off_the_master(lab, monkeypatch):
     monkeypatch.setenv("HICACHE_LAB_DIR", lab["run_dir"])
     h1 = lab["hosts"][1]
     tokens, prompt = _prompt(lab, "host-down", 40_000)
-    assert _prefill(h1["url"], tokens, backup=True)["stored_pages"] == PAGES
+    _stored_everything(h1["url"], tokens, lab["master"]["metrics"])
     segment = _segment(h1["url"])
     with AdminClient(lab["master"]["metrics"]) as admin:
         before = len(admin.get_all_keys())

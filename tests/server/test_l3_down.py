@@ -11,7 +11,10 @@ import time
 import httpx
 import pytest
 
+from hicache_ops.engine.builder import EngineSpec
 from hicache_ops.errors import UnreachableError
+from hicache_ops.mooncake.admin import AdminClient
+from hicache_ops.server.runtime import L3Target, Runtime
 from serve_process import Serve, pid_alive
 
 # Bounds are loose upper limits for a loaded 2-core machine, not performance figures.
@@ -94,3 +97,21 @@ def test_existing_master_that_stops_answering(tmp_path, fresh_mooncake_master, f
         serve.client.close()
         code, seconds = timed_stop(serve)
     assert code == 0 and seconds < STOP_S
+
+
+def test_a_stop_decides_on_a_fresh_probe_and_unmounts(fresh_mooncake_master):
+    """One slow answer on a loaded machine marks L3 down; if the master answers at the stop, the
+    client is closed (its segment leaves the master now), not abandoned (listed for the TTL, and
+    puts a peer places there fail)."""
+    master = fresh_mooncake_master
+    runtime = Runtime(
+        EngineSpec(page_size=16, device_tokens=256),
+        l3=L3Target("mooncake", master.rpc_address, master.metrics_address),
+    ).start()
+    health = runtime.l3_health
+    assert health is not None
+    with AdminClient(master.metrics_address) as admin:
+        assert len(admin.get_all_segments()) == 1
+        health._set("down", "no answer within 1 s")  # what a missed probe leaves behind
+        assert runtime.stop() is True
+        assert admin.get_all_segments() == []

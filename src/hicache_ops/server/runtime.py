@@ -211,6 +211,10 @@ class Runtime:
         health, self.l3_health = self.l3_health, None
         if health is not None:
             health.stop()
+            if health.down:
+                # Decide on a fresh probe: one slow answer on a loaded machine marks L3 down, and an
+                # abandoned client leaves its segment listed (puts placed there fail) for the TTL.
+                health.probe()
         closed = True
         store, self.store = self.store, None
         if store is not None:

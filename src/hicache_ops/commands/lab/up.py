@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ SERVE_PORT = 18080
 SEGMENT_MB = 64
 MAX_HOSTS = 16
 START_TIMEOUT_S = 180.0
+SEGMENT_RECORD_WAIT_S = 30.0
 # Where SGLang (and serve) take the advertised hostname from: the lab sets the first and clears the others.
 _HOSTNAME_VARIABLES = (
     "MOONCAKE_LOCAL_HOSTNAME",
@@ -118,7 +120,13 @@ def wait_serve(lab: Lab, index: int, folder: Path | None = None) -> None:
         timeout=START_TIMEOUT_S,
         what=f"hicache serve in h{index}",
     )
+    # A loaded machine can miss serve_segment's short timeout: ask again, a bounded while (without
+    # the record a restart could not wait for a killed serve's segment to leave the master).
+    deadline = time.monotonic() + SEGMENT_RECORD_WAIT_S
     host["segment"] = serve_segment(host)
+    while host["segment"] is None and time.monotonic() < deadline and processes.alive(host["process"]):
+        time.sleep(0.2)
+        host["segment"] = serve_segment(host)
     if folder is not None:
         state.save(folder, lab)
 
