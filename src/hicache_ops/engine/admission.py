@@ -59,6 +59,10 @@ class Admission(CacheParts):
             return
         tree_keys, storage_keys = arrival.keys
         cap = pol.match_cap_pages(int(arrival.prompt.size), self.config.page_size)
+        # With a storage tier SGLang's prefetch step starts with the request's own match
+        # (`init_next_round_input`): it splits where the match ends and stamps the path as accessed,
+        # so what a waiting request shares stays on the device longer (docs/oracle.md#scheduler-level-code).
+        self.tree.match(tree_keys[:cap])
         _, pos, anchor = self.tree.local_match(tree_keys[:cap])
         arrival.matched_pages = pos
         if pos >= cap:
