@@ -108,10 +108,13 @@ def test_a_stop_decides_on_a_fresh_probe_and_unmounts(fresh_mooncake_master):
         EngineSpec(page_size=16, device_tokens=256),
         l3=L3Target("mooncake", master.rpc_address, master.metrics_address),
     ).start()
-    health = runtime.l3_health
-    assert health is not None
-    with AdminClient(master.metrics_address) as admin:
-        assert len(admin.get_all_segments()) == 1
-        health._set("down", "no answer within 1 s")  # what a missed probe leaves behind
-        assert runtime.stop() is True
-        assert admin.get_all_segments() == []
+    try:
+        health = runtime.l3_health
+        assert health is not None
+        with AdminClient(master.metrics_address) as admin:
+            assert len(admin.get_all_segments()) == 1
+            health._set("down", "no answer within 1 s")  # what a missed probe leaves behind
+            assert runtime.stop() is True
+            assert admin.get_all_segments() == []
+    finally:
+        runtime.stop()  # a no-op once stopped

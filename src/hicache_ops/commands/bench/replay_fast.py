@@ -17,8 +17,7 @@ than one page, a load-back refused) is handed back before anything changes, or t
 own steps (`RadixTree.split`, `insert_device`, `TieredCache._load_back`, `_evict_for_prefill`,
 `_alloc_device`, `_backup_due`), so the decisions, their order and every counter are the general
 path's: the match stamps the node, the node is locked while pages are taken for the rest, the
-insert counts
-a hit on the nodes it passes on the device, and the write policy backs them up
+insert counts a hit on the nodes it passes on the device, and the write policy backs them up
 (docs/benchmarks.md#bench-replay-beside-sglangs-policy-simulator). The locks the general path also
 takes for the insert and the backup are left out: nothing they protect can be evicted then (host
 eviction takes nodes off the device only; the block's nodes are on it), and they end where they
